@@ -1,0 +1,42 @@
+"""Typed environment switches. Every switch is read here, nowhere else."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    return default if raw is None or raw == "" else int(raw)
+
+
+@dataclass(frozen=True)
+class Env:
+    cache_dir: Path
+    disable_overlap: bool
+    log_level: str
+    num_threads: int  # 0: let torch decide
+    triton_interpret: bool
+
+    @staticmethod
+    def read() -> "Env":
+        default_cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "minisgl"
+        return Env(
+            cache_dir=Path(os.environ.get("MINISGL_CACHE_DIR", default_cache)),
+            disable_overlap=_bool("MINISGL_DISABLE_OVERLAP", False),
+            log_level=os.environ.get("MINISGL_LOG_LEVEL", "INFO").upper(),
+            num_threads=_int("MINISGL_NUM_THREADS", 0),
+            triton_interpret=_bool("TRITON_INTERPRET", False),
+        )
+
+
+ENV = Env.read()
