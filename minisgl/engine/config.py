@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the engine (model runner) needs. Resolved once by `resolve` before use."""
+
+    model: str | None = None  # None: the embedded default model
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
+    dtype: DType = "auto"
+    page_size: int = 16
+    num_pages: int | None = None  # None: derived from memory_fraction / kv_cache_gb
+    kv_cache_gb: float | None = None  # explicit KV budget (GiB); wins over memory_fraction
+    memory_fraction: float = 0.85  # fraction of free device memory (CUDA) the engine may hold
+    dummy_weights: bool = False
+    attn: str | None = None  # attention backend name; None: platform default
+    tp_rank: int = 0
+    tp_size: int = 1
+    cuda_graph_max_bs: int = 256  # 0 disables CUDA graphs
+    max_running_requests: int = 256  # rows of the token table
+    max_model_len: int | None = None  # cap on the model's context length
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.num_pages is not None and self.num_pages < 1:
+            raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
+        if self.tp_size < 1 or not 0 <= self.tp_rank < self.tp_size:
+            raise ValueError(f"bad tensor-parallel rank {self.tp_rank} of {self.tp_size}")
