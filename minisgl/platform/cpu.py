@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import psutil
+import torch
+
+from minisgl.platform.base import BasePlatform
+
+
+class _NoopEvent:
+    """Stand-in for a CUDA event: CPU work is synchronous, so it is always complete."""
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+class _NoopStream:
+    def synchronize(self) -> None:
+        pass
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+
+class CpuPlatform(BasePlatform):
+    name = "cpu"
+    dist_backend = "gloo"
+    supports_graphs = False
+    pin_memory = False
+    default_attn = "torch"
+    default_dtype = torch.float32
+
+    def __init__(self) -> None:
+        self.device = torch.device("cpu")
+        self._stream = _NoopStream()
+
+    def new_stream(self) -> _NoopStream:
+        return _NoopStream()
+
+    def new_event(self) -> _NoopEvent:
+        return _NoopEvent()
+
+    def current_stream(self) -> _NoopStream:
+        return self._stream
+
+    @contextlib.contextmanager
+    def stream_context(self, stream: Any) -> Iterator[None]:
+        yield
+
+    def free_memory(self) -> int:
+        return int(psutil.virtual_memory().available)
+
+    def synchronize(self) -> None:
+        pass

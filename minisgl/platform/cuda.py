@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from minisgl.platform.base import BasePlatform
+
+
+class CudaPlatform(BasePlatform):
+    name = "cuda"
+    dist_backend = "nccl"
+    supports_graphs = True
+    pin_memory = True
+    default_attn = "triton"
+    default_dtype = torch.bfloat16
+
+    def __init__(self, device: str = "cuda") -> None:
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda was asked for but no CUDA device is visible; use --device cpu")
+        self.device = torch.device(device)
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+
+    def set_device(self) -> None:
+        torch.cuda.set_device(self.device)
+
+    def new_stream(self) -> torch.cuda.Stream:
+        return torch.cuda.Stream(device=self.device)
+
+    def new_event(self) -> torch.cuda.Event:
+        return torch.cuda.Event()
+
+    def current_stream(self) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(self.device)
+
+    def stream_context(self, stream: Any) -> Any:
+        return torch.cuda.stream(stream)
+
+    def free_memory(self) -> int:
+        free, _total = torch.cuda.mem_get_info(self.device)
+        return int(free)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
