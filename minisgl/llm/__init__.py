@@ -1,0 +1,3 @@
+from minisgl.llm.llm import LLM
+
+__all__ = ["LLM"]

@@ -1,0 +1,39 @@
+"""Attention backends by name. A creator imports its module lazily and builds the backend."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from minisgl.attention.base import BaseAttnBackend
+from minisgl.kvcache.pool import KVPool
+from minisgl.utils.registry import Registry
+
+AttnCreator = Callable[[KVPool, int, int, int, float], BaseAttnBackend]
+ATTN_BACKENDS: Registry[AttnCreator] = Registry("attention backend")
+
+
+@ATTN_BACKENDS.register("torch", platforms=("cpu", "cuda"))
+def _create_torch(pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, sm_scale: float) -> BaseAttnBackend:
+    from minisgl.attention.torch_backend import TorchAttnBackend
+
+    return TorchAttnBackend(pool, num_heads, num_kv_heads, head_dim, sm_scale)
+
+
+@ATTN_BACKENDS.register("triton", platforms=("cuda", "cpu-interpret"))
+def _create_triton(pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, sm_scale: float) -> BaseAttnBackend:
+    from minisgl.attention.triton_backend import create_triton_backend
+
+    return create_triton_backend(pool, num_heads, num_kv_heads, head_dim, sm_scale)
+
+
+def select_attn_backend(requested: str | None, platform_name: str, triton_interpret: bool) -> str:
+    """Validate a requested backend name against the registry and platform, or pick the default."""
+    if requested is None:
+        return "triton" if platform_name == "cuda" else "torch"
+    if requested not in ATTN_BACKENDS.names():
+        raise ValueError(f"unknown attention backend {requested!r}; choose from {', '.join(ATTN_BACKENDS.names())}")
+    platforms = ATTN_BACKENDS.meta(requested).get("platforms", ())
+    if platform_name in platforms or (platform_name == "cpu" and triton_interpret and "cpu-interpret" in platforms):
+        return requested
+    hint = " (set TRITON_INTERPRET=1 to run Triton kernels on the CPU, slowly)" if requested == "triton" else ""
+    raise ValueError(f"attention backend {requested!r} does not run on {platform_name}{hint}")

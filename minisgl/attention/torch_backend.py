@@ -1,0 +1,94 @@
+"""Native attention over gathered pages: runs everywhere torch runs (CPU and CUDA).
+
+Decode gathers every request's KV into one padded [B, L] block and attends in one batched call;
+extend (prefill on top of a cached prefix) runs SDPA per request with a causal offset mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from minisgl.attention.base import BaseAttnBackend
+from minisgl.attention.batch import ForwardBatch
+from minisgl.kvcache.pool import KVPool
+
+
+@dataclass
+class TorchAttnMeta:
+    # decode: slots [B, L] (padding points at the scratch slot), mask [B, 1, 1, L] (True = attend)
+    slots: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+    # extend: per request (token start, new tokens, slots of its whole KV, causal mask or None)
+    extend: list[tuple[int, int, torch.Tensor, torch.Tensor | None]] | None = None
+
+
+class TorchAttnBackend(BaseAttnBackend):
+    def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, sm_scale: float) -> None:
+        self.pool = pool
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.group = num_heads // num_kv_heads
+        self.head_dim = head_dim
+        self.sm_scale = sm_scale
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        meta = TorchAttnMeta()
+        table = batch.token_table
+        if batch.phase == "decode":
+            max_len = batch.max_seq_len
+            positions = torch.arange(max_len, device=table.device)
+            valid = positions.unsqueeze(0) < batch.seq_lens.unsqueeze(1)  # [B, L]
+            slots = table[batch.rows, :max_len].long()
+            meta.slots = torch.where(valid, slots, self.pool.scratch_slot)
+            meta.mask = valid[:, None, None, :]
+        else:
+            meta.extend = []
+            start = 0
+            for row, seq_len, ext_len in zip(batch.rows.tolist(), batch.seq_lens_cpu, batch.extend_lens_cpu):
+                slots = table[row, :seq_len].long()
+                prefix = seq_len - ext_len
+                if ext_len == 1:
+                    mask = None  # one query sees everything before it
+                else:
+                    q_pos = torch.arange(prefix, seq_len, device=table.device).unsqueeze(1)
+                    k_pos = torch.arange(seq_len, device=table.device).unsqueeze(0)
+                    mask = k_pos <= q_pos  # [ext, seq]
+                meta.extend.append((start, ext_len, slots, mask))
+                start += ext_len
+        batch.attn_meta = meta
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+    ) -> torch.Tensor:
+        self.pool.store(layer_id, batch.out_loc, k, v)
+        meta: TorchAttnMeta = batch.attn_meta
+        k_cache, v_cache = self.pool.k[layer_id], self.pool.v[layer_id]
+        if meta.slots is not None:
+            return self._decode(q, k_cache, v_cache, meta)
+        out = torch.empty_like(q)
+        assert meta.extend is not None
+        for start, ext_len, slots, mask in meta.extend:
+            qi = q[start : start + ext_len].transpose(0, 1)  # [Hq, ext, D]
+            ki = k_cache[slots].transpose(0, 1)  # [Hkv, S, D]
+            vi = v_cache[slots].transpose(0, 1)
+            if self.group > 1:
+                ki = ki.repeat_interleave(self.group, dim=0)
+                vi = vi.repeat_interleave(self.group, dim=0)
+            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=self.sm_scale)
+            out[start : start + ext_len] = oi.transpose(0, 1)
+        return out
+
+    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: TorchAttnMeta) -> torch.Tensor:
+        assert meta.slots is not None and meta.mask is not None
+        bsz = q.shape[0]
+        k = k_cache[meta.slots]  # [B, L, Hkv, D]
+        v = v_cache[meta.slots]
+        # Group query heads by their KV head: [B, Hkv, G, D] against [B, Hkv, L, D].
+        qg = q.view(bsz, self.num_kv_heads, self.group, self.head_dim)
+        out = F.scaled_dot_product_attention(
+            qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=meta.mask, scale=self.sm_scale
+        )
+        return out.reshape(bsz, self.num_heads, self.head_dim)

@@ -1,0 +1,207 @@
+"""The model runner: owns the model, the KV pool, the token table, attention and sampling.
+
+The scheduler hands it a `StepPlan` (host lists); it builds the device batch, runs the model
+inside `forward_context`, and samples the next token of every request that completed its input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from minisgl.attention.batch import ForwardBatch, forward_context
+from minisgl.attention.registry import ATTN_BACKENDS, select_attn_backend
+from minisgl.core import Req
+from minisgl.distributed import TPInfo, get_tp_info, set_tp_info
+from minisgl.engine.config import EngineConfig
+from minisgl.engine.sampler import Sampler, SamplingBatch
+from minisgl.env import ENV
+from minisgl.kvcache.pool import KVPool
+from minisgl.models.config import ModelConfig
+from minisgl.platform import init_platform
+from minisgl.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class StepPlan:
+    """One step, as decided by the scheduler.
+
+    Each request computes `all_ids[cached_len : cached_len + extend_len]`; `out_loc` lists the
+    KV slot of every such token, request after request. `table_*` are extra token-table entries
+    (a prefix matched in the cache at admission) written before the forward.
+    """
+
+    reqs: list[Req]
+    out_loc: list[int]
+    table_rows: list[int] = field(default_factory=list)
+    table_pos: list[int] = field(default_factory=list)
+    table_slots: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ForwardOut:
+    sampled_reqs: list[Req]  # requests whose input is complete and that got a new token
+    next_tokens: list[int]
+
+
+def _context_len(model_config: ModelConfig, config: EngineConfig) -> int:
+    limit = model_config.context_len
+    if model_config.sliding_window is not None and model_config.sliding_window < limit:
+        # Without sliding-window attention, tokens past the window would be attended wrongly.
+        logger.warning("sliding-window attention is not implemented: context capped at %d", model_config.sliding_window)
+        limit = model_config.sliding_window
+    if config.max_model_len is not None:
+        limit = min(limit, config.max_model_len)
+    return limit
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        from minisgl.models.loader import init_dummy_weights, load_weights
+        from minisgl.models.registry import build_model
+        from minisgl.models.source import resolve_model_dir
+
+        self.config = config
+        self.platform = init_platform(config.device)
+        self.platform.set_device()
+        self.device = self.platform.device
+        if ENV.num_threads > 0 and self.platform.name == "cpu":
+            torch.set_num_threads(ENV.num_threads)
+        set_tp_info(TPInfo(config.tp_rank, config.tp_size))
+        self.model_dir: Path = resolve_model_dir(config.model)
+        self.model_config = ModelConfig.from_dir(self.model_dir)
+        self.dtype = self.platform.default_dtype if config.dtype == "auto" else _DTYPES[config.dtype]
+        self.context_len = _context_len(self.model_config, config)
+
+        torch.manual_seed(config.seed)
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                self.model = build_model(self.model_config)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        if config.dummy_weights:
+            init_dummy_weights(self.model, config.seed)
+        else:
+            load_weights(self.model, self.model_dir)
+        self.model.eval()
+
+        self.pool = self._make_pool()
+        # Row `max_running_requests` is a scratch row used by padded (graph) batch entries.
+        self.token_table = torch.zeros(
+            config.max_running_requests + 1, self.context_len, dtype=torch.int32, device=self.device
+        )
+        attn_name = select_attn_backend(config.attn, self.platform.name, ENV.triton_interpret)
+        tp = get_tp_info()
+        num_heads = self.model_config.num_heads // tp.size
+        num_kv_heads = max(1, self.model_config.num_kv_heads // tp.size)
+        self.attn_backend = ATTN_BACKENDS.get(attn_name)(
+            self.pool, num_heads, num_kv_heads, self.model_config.head_dim, self.model_config.head_dim**-0.5
+        )
+        self.attn_name = attn_name
+        for module in self.model.modules():
+            if hasattr(module, "backend") and hasattr(module, "layer_id"):
+                module.backend = self.attn_backend
+        self.sampler = Sampler()
+        logger.info(
+            "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s",
+            self.model_config.architecture, self.device, str(self.dtype).replace("torch.", ""),
+            self.pool.num_pages, self.pool.page_size, attn_name,
+        )
+
+    # ----------------------------------------------------------------------------------------
+    def _make_pool(self) -> KVPool:
+        cfg, mc = self.config, self.model_config
+        tp = get_tp_info()
+        kv_heads = max(1, mc.num_kv_heads // tp.size)
+        per_page = KVPool.bytes_per_page(mc.num_layers, cfg.page_size, kv_heads, mc.head_dim, self.dtype)
+        if cfg.num_pages is not None:
+            num_pages = cfg.num_pages
+        else:
+            if cfg.kv_cache_gb is not None:
+                budget = int(cfg.kv_cache_gb * (1 << 30))
+            elif self.platform.name == "cpu":
+                budget = min(4 << 30, self.platform.free_memory() // 4)
+            else:
+                self.platform.synchronize()
+                budget = int(self.platform.free_memory() * cfg.memory_fraction) - (2 << 30)
+            # Never more than every running request at full context could use.
+            cap = cfg.max_running_requests * self.context_len // cfg.page_size + 1
+            num_pages = max(1, min(budget // per_page, cap))
+        return KVPool(mc.num_layers, num_pages, cfg.page_size, kv_heads, mc.head_dim, self.dtype, self.device)
+
+    @property
+    def scratch_row(self) -> int:
+        return self.config.max_running_requests
+
+    # ----------------------------------------------------------------------------------------
+    def build_batch(self, plan: StepPlan) -> ForwardBatch:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        rows_per_token: list[int] = []
+        rows, seq_lens, ext_lens, starts, sample_idx = [], [], [], [], []
+        for req in plan.reqs:
+            assert req.row is not None and req.extend_len > 0
+            begin, end = req.cached_len, req.cached_len + req.extend_len
+            starts.append(len(input_ids))
+            ids = req.all_ids
+            input_ids.extend(ids[begin:end])
+            positions.extend(range(begin, end))
+            rows_per_token.extend([req.row] * req.extend_len)
+            rows.append(req.row)
+            seq_lens.append(end)
+            ext_lens.append(req.extend_len)
+            if end == req.total_len:
+                sample_idx.append(len(input_ids) - 1)
+        assert len(plan.out_loc) == len(input_ids)
+        dev = self.device
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
+        out_loc = as_long(plan.out_loc)
+        pos_t = as_long(positions)
+        table_rows = as_long(rows_per_token + plan.table_rows)
+        table_pos = torch.cat([pos_t, as_long(plan.table_pos)]) if plan.table_pos else pos_t
+        table_slots = torch.cat([out_loc, as_long(plan.table_slots)]) if plan.table_slots else out_loc
+        self.token_table[table_rows, table_pos] = table_slots.to(torch.int32)
+        phase = "decode" if all(n == 1 for n in ext_lens) else "extend"
+        return ForwardBatch(
+            phase=phase,
+            input_ids=as_long(input_ids),
+            positions=pos_t,
+            out_loc=out_loc,
+            rows=as_long(rows),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            extend_lens=torch.tensor(ext_lens, dtype=torch.int32, device=dev),
+            extend_starts=torch.tensor(starts, dtype=torch.int32, device=dev),
+            token_table=self.token_table,
+            seq_lens_cpu=seq_lens,
+            extend_lens_cpu=ext_lens,
+            sample_idx=as_long(sample_idx),
+        )
+
+    @torch.inference_mode()
+    def forward_logits(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits of the tokens in `batch.sample_idx`: [S, vocab]."""
+        self.attn_backend.prepare(batch)
+        with forward_context(batch):
+            hidden = self.model(batch.input_ids, batch.positions)
+        return self.model.compute_logits(hidden[batch.sample_idx])
+
+    @torch.inference_mode()
+    def step(self, plan: StepPlan) -> ForwardOut:
+        batch = self.build_batch(plan)
+        logits = self.forward_logits(batch)
+        sampled = [req for req in plan.reqs if req.cached_len + req.extend_len == req.total_len]
+        if not sampled:
+            return ForwardOut([], [])
+        sampling = SamplingBatch.build(
+            [req.sampling for req in sampled], [req.output_len for req in sampled], logits.shape[-1], self.device
+        )
+        next_tokens = self.sampler.sample(logits, sampling)
+        return ForwardOut(sampled, next_tokens.tolist())

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minisgl.attention.base import BaseAttnBackend
+from minisgl.attention.batch import current_batch
+
+
+class AttentionLayer(nn.Module):
+    """Runs the engine's attention backend for one layer on the current forward batch."""
+
+    def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.backend: BaseAttnBackend | None = None  # bound by the engine once the KV pool exists
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        assert self.backend is not None, "attention backend not bound"
+        out = self.backend.forward(q, k, v, self.layer_id, current_batch())
+        return out.reshape(out.shape[0], self.num_heads * self.head_dim)

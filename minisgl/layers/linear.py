@@ -1,0 +1,116 @@
+"""Linear layers that know their tensor-parallel shard.
+
+Column-parallel layers split output features across ranks; row-parallel layers split input
+features and all-reduce the partial sums. Each parameter carries a `weight_loader` that takes the
+full checkpoint tensor (or one shard of a fused layer) and copies this rank's slice in.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl.distributed import all_reduce, divide, get_tp_info
+
+WeightLoader = Callable[..., None]
+
+
+def _set_loader(param: nn.Parameter, loader: WeightLoader) -> None:
+    param.weight_loader = loader  # type: ignore[attr-defined]
+
+
+def _copy(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(f"shape mismatch: parameter {tuple(param.shape)} vs checkpoint {tuple(loaded.shape)}")
+    param.data.copy_(loaded)
+
+
+class ColumnParallelLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        tp = get_tp_info()
+        self.tp_rank, self.tp_size = tp.rank, tp.size
+        self.out_per_rank = divide(out_features, tp.size, "output features")
+        self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features))
+        _set_loader(self.weight, self._load)
+        self.bias = nn.Parameter(torch.empty(self.out_per_rank)) if bias else None
+        if self.bias is not None:
+            _set_loader(self.bias, self._load)
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        _copy(param, loaded.narrow(0, self.tp_rank * self.out_per_rank, self.out_per_rank))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel projections of the same input fused into one matmul (e.g. gate|up).
+
+    Each rank holds its slice of every part: [part0 shard | part1 shard | ...].
+    """
+
+    def __init__(self, in_features: int, part_sizes: list[int], bias: bool = False) -> None:
+        tp = get_tp_info()
+        self.part_per_rank = [divide(size, tp.size, "output features") for size in part_sizes]
+        super().__init__(in_features, sum(part_sizes), bias)
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor, part: int | None = None) -> None:  # type: ignore[override]
+        assert part is not None, "a merged projection is loaded one part at a time"
+        size = self.part_per_rank[part]
+        offset = sum(self.part_per_rank[:part])
+        _copy(param.data.narrow(0, offset, size), loaded.narrow(0, self.tp_rank * size, size))  # type: ignore[arg-type]
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Fused q|k|v projection. KV heads are split across ranks, or replicated when fewer than ranks."""
+
+    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool) -> None:
+        tp = get_tp_info()
+        self.head_dim = head_dim
+        self.num_heads = divide(num_heads, tp.size, "attention heads")
+        if num_kv_heads >= tp.size:
+            self.num_kv_heads = divide(num_kv_heads, tp.size, "key/value heads")
+            self.kv_replicas = 1
+        else:
+            self.kv_replicas = divide(tp.size, num_kv_heads, "tensor-parallel size over key/value heads")
+            self.num_kv_heads = 1
+        total_per_rank = (self.num_heads + 2 * self.num_kv_heads) * head_dim
+        super().__init__(hidden, total_per_rank * tp.size, bias)
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor, part: str | None = None) -> None:  # type: ignore[override]
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        if part == "q":
+            offset, size, shard = 0, q_size, self.tp_rank
+        elif part in ("k", "v"):
+            offset = q_size if part == "k" else q_size + kv_size
+            size, shard = kv_size, self.tp_rank // self.kv_replicas
+        else:
+            raise AssertionError(f"unknown qkv part {part!r}")
+        _copy(param.data.narrow(0, offset, size), loaded.narrow(0, shard * size, size))  # type: ignore[arg-type]
+
+
+class RowParallelLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        tp = get_tp_info()
+        self.tp_rank, self.tp_size = tp.rank, tp.size
+        self.in_per_rank = divide(in_features, tp.size, "input features")
+        self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank))
+        _set_loader(self.weight, self._load_weight)
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        if self.bias is not None:
+            _set_loader(self.bias, lambda p, w: _copy(p, w))
+
+    def _load_weight(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        _copy(param, loaded.narrow(1, self.tp_rank * self.in_per_rank, self.in_per_rank))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight)
+        out = all_reduce(out)
+        # Bias is added once, after the reduction.
+        return out if self.bias is None else out + self.bias

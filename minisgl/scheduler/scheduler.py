@@ -1,0 +1,319 @@
+"""Continuous batching over a paged KV cache with a prefix cache, chunked prefill and retraction.
+
+Every `step()` runs one forward: all decoding requests (one token each) plus prefill chunks of
+admitted requests within the `max_prefill_tokens` budget. Finished requests leave at once; their
+KV goes to the prefix cache (radix) or back to the pool (naive).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, replace
+
+from minisgl.core import Req, SamplingParams
+from minisgl.engine.config import EngineConfig
+from minisgl.engine.engine import Engine, StepPlan
+from minisgl.kvcache import PageAllocator, create_prefix_cache
+from minisgl.scheduler.config import SchedulerConfig
+from minisgl.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class ReqOutput:
+    rid: int
+    token_ids: list[int]  # tokens generated in this step (0 or 1 today)
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    total_pages: int
+    free_pages: int
+    cached_pages: int
+    evictable_pages: int
+    running: int
+    waiting: int
+
+
+def _pages_for(tokens: int, page_size: int) -> int:
+    return -(-tokens // page_size)
+
+
+class Scheduler:
+    def __init__(self, engine_config: EngineConfig, sched_config: SchedulerConfig, engine: Engine | None = None) -> None:
+        self.config = sched_config
+        if engine is None:
+            engine_config = replace(engine_config, max_running_requests=sched_config.max_running_requests)
+            engine = Engine(engine_config)
+        self.engine = engine
+        self.page_size = engine.pool.page_size
+        self.context_len = engine.context_len
+        self.eos_ids = frozenset(engine.model_config.eos_ids)
+        self.allocator = PageAllocator(engine.pool.num_pages)
+        self.cache = create_prefix_cache(sched_config.cache, self.page_size)
+        self.max_running = min(sched_config.max_running_requests, engine.config.max_running_requests)
+        self.free_rows = list(range(self.max_running - 1, -1, -1))
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.reqs: dict[int, Req] = {}
+        self._arrival = itertools.count()
+        self._pending_table: tuple[list[int], list[int], list[int]] = ([], [], [])
+        self.num_retractions = 0
+
+    # ---------------------------------------------------------------- public API
+    def add_request(self, rid: int, prompt_ids: list[int], sampling: SamplingParams) -> None:
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if rid in self.reqs:
+            raise ValueError(f"request id {rid} is already in use")
+        if len(prompt_ids) >= self.context_len:
+            raise ValueError(
+                f"the prompt has {len(prompt_ids)} tokens, but the model's context length is {self.context_len}"
+            )
+        vocab = self.engine.model_config.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        worst = min(len(prompt_ids) + sampling.max_tokens, self.context_len)
+        if _pages_for(worst, self.page_size) > self.allocator.num_pages:
+            raise ValueError(
+                f"the request needs up to {worst} tokens of KV cache, more than the pool holds "
+                f"({self.allocator.num_pages * self.page_size}); raise --num-pages or lower max_tokens"
+            )
+        req = Req(rid, list(prompt_ids), sampling, eos_ids=self.eos_ids, max_total_len=self.context_len)
+        self.reqs[rid] = req
+        self.waiting.append(req)
+
+    def abort(self, rid: int) -> bool:
+        req = self.reqs.pop(rid, None)
+        if req is None:
+            return False
+        req.finish_reason = "abort"
+        if req.row is not None:
+            self.running.remove(req)
+            self._release(req)
+        else:
+            self.waiting.remove(req)
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            total_pages=self.allocator.num_pages,
+            free_pages=self.allocator.num_free,
+            cached_pages=self.cache.cached_pages,
+            evictable_pages=self.cache.evictable_pages,
+            running=len(self.running),
+            waiting=len(self.waiting),
+        )
+
+    def flush_cache(self) -> None:
+        """Drop every cached prefix (only when idle): the pool returns to full."""
+        assert not self.running, "flush_cache while requests hold cached pages"
+        self.allocator.free(self.cache.reset())
+
+    def check_idle_invariants(self) -> None:
+        assert not self.running and len(self.free_rows) == self.max_running
+        held = self.allocator.num_free + self.cache.cached_pages
+        assert held == self.allocator.num_pages, f"page leak: {held} of {self.allocator.num_pages} accounted"
+        assert self.cache.evictable_pages == self.cache.cached_pages, "a cache lock outlived its request"
+
+    # ---------------------------------------------------------------- one step
+    def step(self) -> list[ReqOutput]:
+        plan = self._plan()
+        if plan is None:
+            return []
+        out = self.engine.step(plan)
+        sampled = {id(req): tok for req, tok in zip(out.sampled_reqs, out.next_tokens)}
+        outputs: list[ReqOutput] = []
+        for req in plan.reqs:
+            req.cached_len += req.extend_len
+            req.extend_len = 0
+            token = sampled.get(id(req))
+            if token is None:
+                self._cache_prefix(req)  # a prefill chunk: share what is done so far
+                continue
+            req.output_ids.append(token)
+            req.finish_reason = req.check_finished()
+            outputs.append(
+                ReqOutput(req.rid, [token], req.finish_reason, req.prompt_len, req.prefix_len, req.output_len)
+            )
+            if req.finished:
+                self.running.remove(req)
+                self.reqs.pop(req.rid, None)
+                self._release(req)
+        if not self.running:
+            self.check_idle_invariants()
+        return outputs
+
+    def _plan(self) -> StepPlan | None:
+        while True:
+            plan = self._try_plan()
+            if plan is not None or not self.running:
+                return plan
+            # Running requests exist but none could get a page: give one back and try again.
+            self._retract(self.running[-1])
+
+    def _try_plan(self) -> StepPlan | None:
+        chosen: list[Req] = []
+        # 1. Decodes: one token each; retract the newest requests if their pages run out.
+        for req in list(self.running):
+            if req.uncomputed_len != 1 or req not in self.running:
+                continue
+            while not self._reserve(req, 1):
+                victim = max(self.running, key=lambda r: r.arrival)
+                self._retract(victim)
+                if victim is req:
+                    break
+            if req.row is not None:
+                req.extend_len = 1
+                chosen.append(req)
+        chosen = [req for req in chosen if req.row is not None]  # drop decodes retracted above
+        # 2. Prefill chunks of resident requests, then 3. admission, within the token budget.
+        budget = self.config.max_prefill_tokens
+        for req in self.running:
+            if budget <= 0:
+                break
+            if req.uncomputed_len > 1 and req.extend_len == 0:
+                chunk = min(req.uncomputed_len, budget)
+                if self._reserve(req, chunk):
+                    req.extend_len = chunk
+                    budget -= chunk
+                    chosen.append(req)
+        while budget > 0 and self.waiting and self.free_rows:
+            req = self.waiting[0]
+            if not self._admit(req):
+                break
+            self.waiting.popleft()
+            chunk = min(req.uncomputed_len, budget)
+            if not self._reserve(req, chunk):
+                self._retract(req)
+                break
+            req.extend_len = chunk
+            budget -= chunk
+            chosen.append(req)
+        if not chosen:
+            return None
+        return self._build_plan(chosen)
+
+    def _build_plan(self, reqs: list[Req]) -> StepPlan:
+        ps = self.page_size
+        out_loc: list[int] = []
+        rows, pos, slots = self._pending_table
+        self._pending_table = ([], [], [])
+        for req in reqs:
+            pages = req.pages
+            for p in range(req.cached_len, req.cached_len + req.extend_len):
+                out_loc.append(pages[p // ps] * ps + p % ps)
+        return StepPlan(reqs, out_loc, rows, pos, slots)
+
+    # ---------------------------------------------------------------- pages and rows
+    def _alloc_pages(self, n: int) -> list[int] | None:
+        if n <= 0:
+            return []
+        shortfall = n - self.allocator.num_free
+        if shortfall > 0:
+            self.allocator.free(self.cache.evict(shortfall))
+        return self.allocator.alloc(n)
+
+    def _reserve(self, req: Req, tokens: int) -> bool:
+        """Make sure `req` has pages for its next `tokens` tokens."""
+        need = _pages_for(req.cached_len + tokens, self.page_size) - len(req.pages)
+        pages = self._alloc_pages(need)
+        if pages is None:
+            return False
+        req.pages.extend(pages)
+        return True
+
+    def _admit(self, req: Req) -> bool:
+        """Give `req` a row and its cached prefix, if the pool can take it with room for decodes."""
+        ps = self.page_size
+        ids = req.all_ids
+        # At least one token must be computed to produce logits.
+        match = self.cache.match(ids[: req.total_len - 1])
+        uncached = req.total_len - len(match.pages) * ps
+        need = _pages_for(uncached + min(req.sampling.max_tokens - req.output_len, self.config.decode_reserve_tokens), ps)
+        reserve = sum(
+            _pages_for(min(r.sampling.max_tokens - r.output_len, self.config.decode_reserve_tokens), ps)
+            for r in self.running
+        )
+        available = self.allocator.num_free + self.cache.evictable_pages
+        if need + reserve > available and self.running:
+            return False
+        self.cache.lock(match.handle)
+        req.cache_handle = match.handle
+        req.pages = list(match.pages)
+        req.shared_pages = len(match.pages)
+        req.cached_len = len(match.pages) * ps
+        if req.arrival == 0 and req.output_len == 0:
+            req.prefix_len = req.cached_len
+        req.arrival = next(self._arrival) + 1
+        req.row = self.free_rows.pop()
+        self.running.append(req)
+        if req.cached_len:
+            rows, pos, slots = self._pending_table
+            for p in range(req.cached_len):
+                rows.append(req.row)
+                pos.append(p)
+                slots.append(req.pages[p // ps] * ps + p % ps)
+        return True
+
+    def _cache_prefix(self, req: Req) -> None:
+        """Hand the request's whole computed pages to the prefix cache (keeping them locked)."""
+        ps = self.page_size
+        full = req.cached_len // ps
+        if full <= req.shared_pages:
+            return
+        res = self.cache.insert(req.all_ids[: full * ps], req.pages[:full])
+        if not res.pages:
+            return  # the cache keeps nothing (naive)
+        self.allocator.free(res.pages_to_free)
+        rows, pos, slots = self._pending_table
+        for i, page in enumerate(res.pages):
+            if page != req.pages[i]:
+                req.pages[i] = page  # another request cached this page first: use its copy
+                for p in range(i * ps, (i + 1) * ps):
+                    rows.append(req.row)  # type: ignore[arg-type]
+                    pos.append(p)
+                    slots.append(page * ps + p % ps)
+        self.cache.lock(res.handle)
+        self.cache.unlock(req.cache_handle)
+        req.cache_handle = res.handle
+        req.shared_pages = len(res.pages)
+
+    def _release(self, req: Req) -> None:
+        """Return everything a resident request holds: pages to the cache or pool, its row."""
+        ps = self.page_size
+        full = req.cached_len // ps
+        if full > req.shared_pages:
+            res = self.cache.insert(req.all_ids[: full * ps], req.pages[:full])
+            self.allocator.free(res.pages_to_free)
+            owned_from = max(len(res.pages), req.shared_pages)
+        else:
+            owned_from = req.shared_pages
+        self.allocator.free(req.pages[owned_from:])
+        if req.cache_handle is not None:
+            self.cache.unlock(req.cache_handle)
+        req.cache_handle = None
+        req.pages = []
+        req.shared_pages = 0
+        assert req.row is not None
+        self.free_rows.append(req.row)
+        req.row = None
+
+    def _retract(self, req: Req) -> None:
+        """Preempt a resident request: keep its tokens, drop its KV (cached for a cheap resume)."""
+        self.num_retractions += 1
+        logger.debug("retracting request %s at %d tokens", req.rid, req.total_len)
+        self.running.remove(req)
+        self._release(req)
+        req.cached_len = 0
+        req.extend_len = 0
+        self.waiting.appendleft(req)
