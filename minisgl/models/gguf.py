@@ -1,0 +1,239 @@
+"""GGUF file -> Hugging Face-style model directory (config.json, float32 safetensors, tokenizer).
+
+The model code only knows HF directories, so a GGUF is converted once: every tensor is
+dequantized to float32 and renamed to its HF name, the llama.cpp-specific layout changes are
+undone, and config/tokenizer files are rebuilt from the GGUF metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterable
+
+import numpy as np
+
+from minisgl.models.source import ModelSourceError
+from minisgl.utils.logging import get_logger
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
+    from gguf.gguf_reader import ReaderTensor
+
+logger = get_logger(__name__)
+
+# Types we accept. gguf.quants can also dequantize the IQ*/TQ* families, but those have no
+# round-trip coverage in our tests, so we refuse them instead of silently trusting them.
+SUPPORTED_TYPES: tuple[str, ...] = (
+    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+)  # fmt: skip
+
+# Above this many bytes the safetensors output is split into shards, like HF checkpoints.
+MAX_SHARD_BYTES = 4 * 1024**3
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    hf_arch: str
+    model_type: str
+    permute_qk: bool  # llama.cpp's convert script permutes q/k rows only for the llama family
+
+
+ARCHS: dict[str, ArchSpec] = {
+    "llama": ArchSpec("LlamaForCausalLM", "llama", permute_qk=True),
+    "qwen2": ArchSpec("Qwen2ForCausalLM", "qwen2", permute_qk=False),
+    "qwen3": ArchSpec("Qwen3ForCausalLM", "qwen3", permute_qk=False),
+    "qwen3moe": ArchSpec("Qwen3MoeForCausalLM", "qwen3_moe", permute_qk=False),
+}
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",
+}
+_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """One output tensor: where it comes from and what to do to it."""
+
+    hf_name: str
+    shape: tuple[int, ...]
+    source: ReaderTensor
+    expert: int | None = None  # index into a merged [n_expert, ...] GGUF tensor
+    unpermute_heads: int | None = None  # undo llama.cpp's rope row permutation with this head count
+
+
+def read_metadata(reader: GGUFReader) -> dict[str, Any]:
+    return {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
+
+
+def open_gguf(path: Path) -> GGUFReader:
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(path)
+    except (ValueError, OSError) as exc:
+        raise ModelSourceError(f"cannot read GGUF file {path}: {exc}") from exc
+
+
+def _unpermute_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
+    # llama.cpp stores each head's rows as interleaved (even, odd) pairs for its rotary layout;
+    # HF keeps the two halves contiguous. Rows are [head, half, pair] in GGUF -> [head, pair, half].
+    half = weight.shape[0] // n_head // 2
+    return weight.reshape(n_head, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _np_shape(tensor: ReaderTensor) -> tuple[int, ...]:
+    # GGUF lists dimensions fastest-first (ggml `ne`); numpy/torch are slowest-first.
+    return tuple(int(dim) for dim in reversed(tensor.shape.tolist()))
+
+
+def check_tensor_type(tensor: ReaderTensor) -> None:
+    type_name = tensor.tensor_type.name
+    if type_name not in SUPPORTED_TYPES:
+        raise ModelSourceError(
+            f"GGUF tensor {tensor.name} has unsupported type {type_name}; "
+            f"supported types: {', '.join(SUPPORTED_TYPES)} (re-quantize the model to one of them)"
+        )
+
+
+def dequantize_tensor(tensor: ReaderTensor) -> np.ndarray:
+    """The tensor as float32 in numpy (slowest-first) order."""
+    from gguf.quants import dequantize
+
+    check_tensor_type(tensor)
+    values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+    return values.reshape(_np_shape(tensor))
+
+
+def plan_tensors(reader: GGUFReader, arch: str, n_head: int, n_kv_head: int) -> list[TensorPlan]:
+    spec = ARCHS[arch]
+    plans: list[TensorPlan] = []
+    for tensor in reader.tensors:
+        check_tensor_type(tensor)
+        shape = _np_shape(tensor)
+        if tensor.name in _GLOBAL_NAMES:
+            plans.append(TensorPlan(_GLOBAL_NAMES[tensor.name], shape, tensor))
+            continue
+        if tensor.name == "rope_freqs.weight":
+            continue  # folded into config.rope_scaling by _llama3_rope_scaling
+        match = _LAYER_RE.fullmatch(tensor.name)
+        if match is None:
+            raise ModelSourceError(f"GGUF tensor {tensor.name} has no Hugging Face equivalent for arch {arch}")
+        layer, part, kind = match.groups()
+        prefix = f"model.layers.{layer}"
+        if part in _EXPERT_NAMES:
+            for expert in range(shape[0]):
+                name = f"{prefix}.mlp.experts.{expert}.{_EXPERT_NAMES[part]}.{kind}"
+                plans.append(TensorPlan(name, shape[1:], tensor, expert=expert))
+            continue
+        if part not in _LAYER_NAMES:
+            raise ModelSourceError(f"GGUF tensor {tensor.name} has no Hugging Face equivalent for arch {arch}")
+        heads = None
+        if spec.permute_qk and part in ("attn_q", "attn_k"):
+            heads = n_head if part == "attn_q" else n_kv_head
+        plans.append(TensorPlan(f"{prefix}.{_LAYER_NAMES[part]}.{kind}", shape, tensor, unpermute_heads=heads))
+    return plans
+
+
+def _materialize(plans: Iterable[TensorPlan]) -> Iterable[tuple[TensorPlan, np.ndarray]]:
+    from tqdm import tqdm
+
+    cached: tuple[str, np.ndarray] | None = None  # a merged expert tensor feeds several outputs
+    for plan in tqdm(list(plans), desc="dequantizing GGUF", unit="tensor", disable=None):
+        if cached is None or cached[0] != plan.source.name:
+            cached = (plan.source.name, dequantize_tensor(plan.source))
+        values = cached[1] if plan.expert is None else cached[1][plan.expert]
+        if plan.unpermute_heads is not None:
+            values = _unpermute_rows(values, plan.unpermute_heads)
+        assert values.shape == plan.shape, (plan.hf_name, values.shape, plan.shape)
+        yield plan, values
+
+
+def _write_shard(path: Path, plans: list[TensorPlan], values: Iterable[tuple[TensorPlan, np.ndarray]]) -> None:
+    """Stream a float32 safetensors file so peak memory is one tensor, not the whole model."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for plan in plans:
+        nbytes = 4 * math.prod(plan.shape)
+        header[plan.hf_name] = {"dtype": "F32", "shape": list(plan.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the format wants the data section 8-byte aligned
+    with open(path, "wb") as out:
+        out.write(len(blob).to_bytes(8, "little"))
+        out.write(blob)
+        for _, array in values:
+            _write_array(out, array)
+
+
+def _write_array(out: BinaryIO, array: np.ndarray) -> None:
+    out.write(memoryview(np.ascontiguousarray(array, dtype="<f4")).cast("B"))
+
+
+def write_weights(out_dir: Path, plans: list[TensorPlan]) -> None:
+    shards: list[list[TensorPlan]] = [[]]
+    shard_bytes = 0
+    for plan in plans:
+        nbytes = 4 * math.prod(plan.shape)
+        if shards[-1] and shard_bytes + nbytes > MAX_SHARD_BYTES:
+            shards.append([])
+            shard_bytes = 0
+        shards[-1].append(plan)
+        shard_bytes += nbytes
+    stream = iter(_materialize(plans))
+    if len(shards) == 1:
+        _write_shard(out_dir / "model.safetensors", plans, stream)
+        return
+    weight_map: dict[str, str] = {}
+    for index, shard in enumerate(shards, start=1):
+        file_name = f"model-{index:05d}-of-{len(shards):05d}.safetensors"
+        _write_shard(out_dir / file_name, shard, (next(stream) for _ in shard))
+        weight_map.update({plan.hf_name: file_name for plan in shard})
+    total = sum(4 * math.prod(plan.shape) for plan in plans)
+    index_json = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index_json, indent=2))
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Write config.json, generation_config.json, safetensors and tokenizer files into out_dir."""
+    from minisgl.models.gguf_config import build_config, build_generation_config
+    from minisgl.models.gguf_tokenizer import write_tokenizer_files
+
+    reader = open_gguf(gguf_path)
+    meta = read_metadata(reader)
+    arch = meta.get("general.architecture")
+    if arch not in ARCHS:
+        raise ModelSourceError(
+            f"GGUF architecture {arch!r} in {gguf_path.name} is not supported; supported: {', '.join(ARCHS)}"
+        )
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    config = build_config(meta, ARCHS[arch], arch, tensors)
+    plans = plan_tensors(reader, arch, config["num_attention_heads"], config["num_key_value_heads"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Tokenizer first: it fails on unknown tokenizer models before the slow weight pass.
+    write_tokenizer_files(meta, out_dir, model_max_length=config["max_position_embeddings"])
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    (out_dir / "generation_config.json").write_text(json.dumps(build_generation_config(meta), indent=2))
+    logger.info("dequantizing %d GGUF tensors of %s to float32", len(reader.tensors), gguf_path.name)
+    write_weights(out_dir, plans)
