@@ -1,0 +1,45 @@
+"""Messages received by the scheduler processes (rank 0 relays them to the other ranks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minisgl.core import SamplingParams
+from minisgl.message.codec import wire
+
+
+@wire(tag=20)
+@dataclass(slots=True)
+class TokenizedMsg:
+    """A validated, tokenized request ready to be scheduled."""
+
+    rid: int
+    input_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@wire(tag=21)
+@dataclass(slots=True)
+class AbortMsg:
+    """Stop a request and free what it holds. Also accepted (and forwarded) by the tokenizer."""
+
+    rid: int
+
+
+@wire(tag=22)
+@dataclass(slots=True)
+class StatsReqMsg:
+    """Ask rank 0 for a `StatsMsg` (sent straight to the API server), tagged with `query_id`."""
+
+    query_id: int
+
+
+@wire(tag=23)
+@dataclass(slots=True)
+class ShutdownMsg:
+    """Leave the main loop cleanly (used by the launcher before it terminates children)."""
+
+    reason: str = ""
+
+
+SchedulerMsg = TokenizedMsg | AbortMsg | StatsReqMsg | ShutdownMsg

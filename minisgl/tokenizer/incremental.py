@@ -1,0 +1,197 @@
+"""Incremental detokenization: token ids in, text deltas out.
+
+Pure logic (no sockets) so it is unit-tested directly. Three rules:
+- never split a UTF-8 character: text ending in U+FFFD (an incomplete byte sequence) is held back
+  until the next token completes it (or the request ends);
+- never re-emit text: each request decodes only a short window of its newest tokens, and only the
+  part after the already-emitted window is sent;
+- stop strings are never emitted: text that could still grow into a stop string is held back, and
+  on a match the request finishes with "stop" (the caller aborts it in the scheduler).
+Special tokens are skipped by the decode function; added non-special tokens (e.g. `<think>`)
+decode as one piece and so arrive whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from minisgl.core import FinishReason
+from minisgl.message.frontend import ErrorMsg, TextDelta
+from minisgl.message.tokenizer import DetokRegisterMsg, TokenOut
+from minisgl.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+# Decodes many id sequences at once; must skip special tokens and must not "clean up" spaces,
+# so that decoding a window is a prefix-consistent function of its ids.
+BatchDecode = Callable[[list[list[int]]], list[str]]
+
+PROMPT_TAIL = 5  # prompt tokens kept as left context of the first decode window
+_MAX_PENDING = 10_000
+
+
+class StopFilter:
+    """Holds back text that could become a stop string; reports the first full match."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.held = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """Returns (text safe to emit, whether a stop string matched). After a match, the text
+        from the stop string on is dropped."""
+        if not self.stops:
+            return text, False
+        buf = self.held + text
+        match = min((pos for pos in (buf.find(s) for s in self.stops) if pos >= 0), default=-1)
+        if match >= 0:
+            self.held = ""
+            return buf[:match], True
+        hold = 0
+        for stop in self.stops:
+            for k in range(min(len(stop) - 1, len(buf)), hold, -1):
+                if buf.endswith(stop[:k]):
+                    hold = k
+                    break
+        self.held = buf[len(buf) - hold :]
+        return buf[: len(buf) - hold], False
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        return held
+
+
+@dataclass(slots=True)
+class DecodeState:
+    """Per-request window state. `ids[prefix_offset:read_offset]` is the window whose text was
+    already emitted; `ids[prefix_offset:]` is decoded each step."""
+
+    ids: list[int]
+    prefix_offset: int
+    read_offset: int
+    stop: StopFilter
+    unsent_ids: list[int] = field(default_factory=list)  # token ids not yet reported in a delta
+
+
+@dataclass(slots=True)
+class DetokResult:
+    deltas: list[TextDelta] = field(default_factory=list)
+    errors: list[ErrorMsg] = field(default_factory=list)
+    aborts: list[int] = field(default_factory=list)  # rids finished by a stop string: abort them
+
+
+class IncrementalDetokenizer:
+    """All live requests of the detokenizer process."""
+
+    def __init__(self, batch_decode: BatchDecode) -> None:
+        self._decode = batch_decode
+        self.states: dict[int, DecodeState] = {}
+        # Finished by a stop string; waiting for the scheduler's own final output, then dropped.
+        self.stopped: set[int] = set()
+        # Outputs that raced ahead of their DetokRegisterMsg (different sockets); rare.
+        self.pending: dict[int, list[TokenOut | ErrorMsg]] = {}
+
+    def register(self, msg: DetokRegisterMsg) -> DetokResult:
+        tail = msg.prompt_tail_ids[-PROMPT_TAIL:]
+        self.states[msg.rid] = DecodeState(
+            ids=list(tail), prefix_offset=0, read_offset=len(tail), stop=StopFilter(msg.stop)
+        )
+        early = self.pending.pop(msg.rid, None)
+        if not early:
+            return DetokResult()
+        outs = [m for m in early if isinstance(m, TokenOut)]
+        result = self.process(outs)
+        for err in (m for m in early if isinstance(m, ErrorMsg)):
+            self._merge(result, self.fail(err))
+        return result
+
+    def fail(self, err: ErrorMsg) -> DetokResult:
+        """The scheduler rejected the request: drop its state, pass the error on."""
+        if err.rid in self.states:
+            del self.states[err.rid]
+        elif err.rid not in self.stopped:
+            self._park(err.rid, err)
+            return DetokResult()
+        self.stopped.discard(err.rid)
+        return DetokResult(errors=[err])
+
+    def process(self, outs: list[TokenOut]) -> DetokResult:
+        result = DetokResult()
+        live: list[tuple[TokenOut, DecodeState]] = []
+        for out in outs:
+            state = self.states.get(out.rid)
+            if state is not None:
+                state.ids.extend(out.token_ids)
+                state.unsent_ids.extend(out.token_ids)
+                live.append((out, state))
+            elif out.rid in self.stopped:
+                if out.finish_reason is not None:
+                    self.stopped.discard(out.rid)
+            else:
+                self._park(out.rid, out)
+        if not live:
+            return result
+        windows: list[list[int]] = []
+        for _, state in live:
+            windows.append(state.ids[state.prefix_offset : state.read_offset])
+            windows.append(state.ids[state.prefix_offset :])
+        texts = self._decode(windows)
+        for i, (out, state) in enumerate(live):
+            new_text = self._advance(state, texts[2 * i], texts[2 * i + 1], out.finish_reason is not None)
+            self._emit(result, out, state, new_text)
+        return result
+
+    @staticmethod
+    def _advance(state: DecodeState, prefix_text: str, full_text: str, final: bool) -> str:
+        if final:
+            return full_text[len(prefix_text) :]
+        if len(full_text) <= len(prefix_text) or full_text.endswith("\ufffd"):
+            return ""  # nothing new, or a character still incomplete
+        state.prefix_offset = state.read_offset
+        state.read_offset = len(state.ids)
+        # Keep the window short: everything before prefix_offset is never decoded again.
+        if state.prefix_offset > 64:
+            del state.ids[: state.prefix_offset]
+            state.read_offset -= state.prefix_offset
+            state.prefix_offset = 0
+        return full_text[len(prefix_text) :]
+
+    def _emit(self, result: DetokResult, out: TokenOut, state: DecodeState, new_text: str) -> None:
+        text, matched = state.stop.feed(new_text)
+        finish: FinishReason | None = out.finish_reason
+        if matched:
+            finish = "stop"
+            if out.finish_reason is None:
+                result.aborts.append(out.rid)
+                self.stopped.add(out.rid)
+        elif finish is not None:
+            text += state.stop.flush()
+        if not text and finish is None:
+            return  # nothing to show yet; its token ids ride along with the next delta
+        result.deltas.append(
+            TextDelta(
+                rid=out.rid,
+                text=text,
+                token_ids=state.unsent_ids,
+                finish_reason=finish,
+                prompt_tokens=out.prompt_tokens,
+                cached_tokens=out.cached_tokens,
+                completion_tokens=out.output_tokens,
+            )
+        )
+        state.unsent_ids = []
+        if finish is not None:
+            del self.states[out.rid]
+
+    def _park(self, rid: int, item: TokenOut | ErrorMsg) -> None:
+        if len(self.pending) >= _MAX_PENDING:
+            logger.warning("detokenizer: dropping output of unknown request %d", rid)
+            return
+        self.pending.setdefault(rid, []).append(item)
+
+    @staticmethod
+    def _merge(into: DetokResult, other: DetokResult) -> None:
+        into.deltas.extend(other.deltas)
+        into.errors.extend(other.errors)
+        into.aborts.extend(other.aborts)
