@@ -1,0 +1,152 @@
+"""`triton` attention backend: the paged Triton kernels of `kernels/attention.py` over the KV pool.
+
+Extend batches (prefill, chunked prefill, mixed) run the causal extend kernel; decode batches run
+the split-K decode kernel, which CUDA graphs can capture: its split count is fixed per captured
+batch size and its per-request inputs live in static buffers owned here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minisgl.attention.base import BaseAttnBackend
+from minisgl.attention.batch import ForwardBatch
+from minisgl.kernels.attention import (
+    MAX_DECODE_SPLITS,
+    alloc_decode_buffers,
+    decode_attention,
+    decode_num_splits,
+    extend_attention,
+)
+from minisgl.kvcache.pool import KVPool
+
+
+@dataclass(slots=True)
+class TritonExtendMeta:
+    max_extend_len: int  # sizes the grid's query-block axis; from the host-side lengths
+
+
+@dataclass(slots=True)
+class TritonDecodeMeta:
+    rows: torch.Tensor  # [B] int64
+    seq_lens: torch.Tensor  # [B] int32
+    num_splits: int  # launch constant of the split-K kernel
+    mid_o: torch.Tensor  # [>=B, Hq, >=num_splits, D] fp32 partial outputs
+    mid_lse: torch.Tensor  # [>=B, Hq, >=num_splits] fp32 partial log-sum-exps
+
+
+TritonAttnMeta = TritonExtendMeta | TritonDecodeMeta
+
+
+@dataclass(slots=True)
+class _GraphBuffers:
+    """Decode inputs the captured kernels read by address; replay refreshes them in place."""
+
+    max_bs: int
+    rows: torch.Tensor  # [max_bs] int64
+    seq_lens: torch.Tensor  # [max_bs] int32; 0 past the live batch, which empties those entries
+    mid_o: torch.Tensor
+    mid_lse: torch.Tensor
+    token_table_ptr: int | None = None  # the table captured graphs read; it must stay the same tensor
+
+
+class TritonAttnBackend(BaseAttnBackend):
+    def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, sm_scale: float) -> None:
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+        assert pool.num_kv_heads == num_kv_heads and pool.head_dim == head_dim, "pool layout differs from the model's"
+        self.pool = pool
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.sm_scale = sm_scale
+        self.device = pool.k[0].device
+        self._graph: _GraphBuffers | None = None
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        if batch.phase == "decode":
+            batch_size = batch.batch_size
+            num_splits = decode_num_splits(batch_size, self.num_kv_heads, batch.max_seq_len, self.device)
+            mid_o, mid_lse = alloc_decode_buffers(batch_size, self.num_heads, self.head_dim, num_splits, self.device)
+            batch.attn_meta = TritonDecodeMeta(batch.rows, batch.seq_lens, num_splits, mid_o, mid_lse)
+        else:
+            batch.attn_meta = TritonExtendMeta(max(batch.extend_lens_cpu, default=0))
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+    ) -> torch.Tensor:
+        self.pool.store(layer_id, batch.out_loc, k, v)
+        k_cache, v_cache = self.pool.k[layer_id], self.pool.v[layer_id]
+        q = q.view(-1, self.num_heads, self.head_dim)
+        meta = batch.attn_meta
+        if isinstance(meta, TritonDecodeMeta):
+            return decode_attention(
+                q, k_cache, v_cache, batch.token_table, meta.rows, meta.seq_lens, self.sm_scale,
+                num_splits=meta.num_splits, mid_o=meta.mid_o, mid_lse=meta.mid_lse,
+            )  # fmt: skip
+        assert isinstance(meta, TritonExtendMeta), "prepare() did not run for this batch"
+        return extend_attention(
+            q, k_cache, v_cache, batch.token_table, batch.rows, batch.seq_lens, batch.extend_lens,
+            batch.extend_starts, self.sm_scale, max_extend_len=meta.max_extend_len,
+        )  # fmt: skip
+
+    # --- CUDA graphs (decode only) ---
+
+    def init_graph_state(self, max_bs: int) -> None:
+        mid_o, mid_lse = alloc_decode_buffers(max_bs, self.num_heads, self.head_dim, MAX_DECODE_SPLITS, self.device)
+        self._graph = _GraphBuffers(
+            max_bs=max_bs,
+            rows=torch.zeros(max_bs, dtype=torch.int64, device=self.device),
+            seq_lens=torch.zeros(max_bs, dtype=torch.int32, device=self.device),
+            mid_o=mid_o,
+            mid_lse=mid_lse,
+        )
+
+    def prepare_for_capture(self, batch: ForwardBatch) -> None:
+        """Metadata for capturing decode at `batch.batch_size`, pointing at the static buffers.
+
+        The split count assumes a long context (lengths change between replays); requests shorter
+        than that leave the surplus splits empty."""
+        graph = self._graph_for(batch)
+        batch_size = batch.batch_size
+        if graph.token_table_ptr is None:
+            graph.token_table_ptr = batch.token_table.data_ptr()
+        self._load_inputs(graph, batch)
+        batch.attn_meta = TritonDecodeMeta(
+            rows=graph.rows[:batch_size],
+            seq_lens=graph.seq_lens[:batch_size],
+            num_splits=decode_num_splits(batch_size, self.num_kv_heads, None, self.device),
+            mid_o=graph.mid_o[:batch_size],
+            mid_lse=graph.mid_lse[:batch_size],
+        )
+
+    def prepare_for_replay(self, batch: ForwardBatch) -> None:
+        """Copy the live batch's rows and lengths into the static buffers before a replay.
+
+        `batch` may be the live batch (smaller than the captured size) or already padded; entries
+        past it get seq_len 0, so the captured kernels compute nothing there and output zeros."""
+        self._load_inputs(self._graph_for(batch), batch)
+
+    def _graph_for(self, batch: ForwardBatch) -> _GraphBuffers:
+        graph = self._graph
+        assert graph is not None, "init_graph_state() must run before capture or replay"
+        assert batch.phase == "decode" and batch.batch_size <= graph.max_bs
+        assert graph.token_table_ptr in (None, batch.token_table.data_ptr()), "captured graphs read another table"
+        return graph
+
+    @staticmethod
+    def _load_inputs(graph: _GraphBuffers, batch: ForwardBatch) -> None:
+        batch_size = batch.batch_size
+        graph.rows[:batch_size].copy_(batch.rows)
+        graph.seq_lens[:batch_size].copy_(batch.seq_lens)
+        graph.rows[batch_size:].zero_()
+        graph.seq_lens[batch_size:].zero_()
+
+
+def create_triton_backend(
+    pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, sm_scale: float
+) -> TritonAttnBackend:
+    """Registry entry point (`ATTN_BACKENDS["triton"]`); head counts are per TP rank."""
+    return TritonAttnBackend(pool, num_heads, num_kv_heads, head_dim, sm_scale)

@@ -1,0 +1,431 @@
+"""Triton paged attention: extend (new tokens over a cached prefix) and split-K decode.
+
+Both kernels reach K/V only through the token table (`token_table[row, pos]` is the slot of
+position `pos`), so page size never matters here and the new tokens' K/V are read the same way as
+the prefix once the backend has stored them. Softmax runs in base 2 (`exp2`) with `sm_scale * log2 e`
+folded into the scores, accumulating in fp32. The plain-torch oracle is `attention_ref.py`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+# Upper bound on decode splits: the scratch buffers of a CUDA graph are sized by it, and past ~16
+# splits per (request, kv head) the reduce pass costs more than the extra parallelism buys.
+MAX_DECODE_SPLITS = 16
+# A split shorter than this spends more time on its launch share and the reduce than on KV loads.
+_MIN_TOKENS_PER_SPLIT = 128
+
+
+@triton.jit
+def _attend_block(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_head_ptr,
+    v_head_ptr,
+    table_row_ptr,
+    kv_pos,
+    kv_mask,
+    score_mask,
+    offs_d,
+    d_mask,
+    stride_ks,
+    stride_vs,
+    qk_scale,
+    PRECISION: tl.constexpr,
+):
+    """One online-softmax step over a block of key positions; returns the updated (acc, m, l)."""
+    # int64 before scaling by the slot stride: large pools overflow int32 element offsets.
+    slots = tl.load(table_row_ptr + kv_pos, mask=kv_mask, other=0).to(tl.int64)
+    kv_load_mask = kv_mask[:, None] & d_mask[None, :]
+    k = tl.load(k_head_ptr + slots[:, None] * stride_ks + offs_d[None, :], mask=kv_load_mask, other=0.0)
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    scores = tl.where(score_mask, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    # A row that has seen no key yet keeps m = -inf; shift by 0 instead so exp2 gives 0, not NaN.
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_shift)
+    p = tl.exp2(scores - m_shift[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_head_ptr + slots[:, None] * stride_vs + offs_d[None, :], mask=kv_load_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    table_ptr,
+    rows_ptr,
+    seq_lens_ptr,
+    extend_lens_ptr,
+    extend_starts_ptr,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_table,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    m_start = tl.program_id(2) * BLOCK_M
+    extend_len = tl.load(extend_lens_ptr + req)
+    # The grid is sized by the longest extend in the batch; shorter requests have idle blocks.
+    if m_start >= extend_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    prefix_len = seq_len - extend_len
+    q_start = tl.load(extend_starts_ptr + req).to(tl.int64)
+    row = tl.load(rows_ptr + req).to(tl.int64)
+    kv_head = head // GROUP
+
+    offs_m = m_start + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_mask = offs_m < extend_len
+    d_mask = offs_d < HEAD_DIM
+    q_ptrs = q_ptr + (q_start + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q_pos = prefix_len + offs_m
+
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    k_head_ptr = k_ptr + kv_head * stride_kh
+    v_head_ptr = v_ptr + kv_head * stride_vh
+    table_row_ptr = table_ptr + row * stride_table
+
+    # Keys before this block's first query are visible to every query in it: no causal mask,
+    # only the bound of the range (the bulk of the work for a long cached prefix).
+    full_end = prefix_len + m_start
+    for start in range(0, full_end, BLOCK_N):
+        kv_pos = start + offs_n
+        kv_mask = kv_pos < full_end
+        acc, m_i, l_i = _attend_block(
+            acc, m_i, l_i, q, k_head_ptr, v_head_ptr, table_row_ptr, kv_pos, kv_mask,
+            kv_mask[None, :], offs_d, d_mask, stride_ks, stride_vs, qk_scale, PRECISION,
+        )  # fmt: skip
+    # The diagonal: keys among this block's own positions, masked causally.
+    diag_end = tl.minimum(seq_len, full_end + BLOCK_M)
+    for start in range(full_end, diag_end, BLOCK_N):
+        kv_pos = start + offs_n
+        kv_mask = kv_pos < diag_end
+        causal = kv_mask[None, :] & (kv_pos[None, :] <= q_pos[:, None])
+        acc, m_i, l_i = _attend_block(
+            acc, m_i, l_i, q, k_head_ptr, v_head_ptr, table_row_ptr, kv_pos, kv_mask,
+            causal, offs_d, d_mask, stride_ks, stride_vs, qk_scale, PRECISION,
+        )  # fmt: skip
+
+    # Every real query sees at least its own key, so l > 0 on rows that are stored.
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    o_ptrs = o_ptr + (q_start + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    mid_o_ptr,
+    mid_lse_ptr,
+    table_ptr,
+    rows_ptr,
+    seq_lens_ptr,
+    qk_scale,
+    stride_qb,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    stride_mob,
+    stride_moh,
+    stride_mos,
+    stride_mlb,
+    stride_mlh,
+    stride_table,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Stage 1: partial attention of all q heads of one kv head over one split of the sequence."""
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + req)
+    row = tl.load(rows_ptr + req).to(tl.int64)
+    # Each request divides its own length over the splits, in whole blocks; a short request leaves
+    # trailing splits empty, and they only write (lse = -inf, o = 0), which the reduce ignores.
+    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    h_mask = offs_h < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kv_head * GROUP + offs_h
+    q_ptrs = q_ptr + req.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    k_head_ptr = k_ptr + kv_head * stride_kh
+    v_head_ptr = v_ptr + kv_head * stride_vh
+    table_row_ptr = table_ptr + row * stride_table
+    for block_start in range(start, end, BLOCK_N):
+        kv_pos = block_start + offs_n
+        kv_mask = kv_pos < end
+        acc, m_i, l_i = _attend_block(
+            acc, m_i, l_i, q, k_head_ptr, v_head_ptr, table_row_ptr, kv_pos, kv_mask,
+            kv_mask[None, :], offs_d, d_mask, stride_ks, stride_vs, qk_scale, PRECISION,
+        )  # fmt: skip
+
+    # Store the normalized partial output and its base-2 log-sum-exp (-inf for an empty split).
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
+    mo_ptrs = mid_o_ptr + req * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :]
+    tl.store(mo_ptrs, out, mask=h_mask[:, None] & d_mask[None, :])
+    tl.store(mid_lse_ptr + req * stride_mlb + heads * stride_mlh + split, lse, mask=h_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    mid_o_ptr,
+    mid_lse_ptr,
+    o_ptr,
+    stride_mob,
+    stride_moh,
+    stride_mos,
+    stride_mlb,
+    stride_mlh,
+    stride_ob,
+    stride_oh,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_POW2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Stage 2: merge the splits of one (request, q head) by their log-sum-exp weights."""
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_POW2)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < NUM_SPLITS
+    d_mask = offs_d < HEAD_DIM
+    lse = tl.load(mid_lse_ptr + req * stride_mlb + head * stride_mlh + offs_s, mask=s_mask, other=float("-inf"))
+    lse_max = tl.max(lse, 0)
+    # seq_len 0 (a padded graph entry) empties every split: output 0 rather than NaN.
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    weights = tl.exp2(lse - lse_max)
+    mo_ptrs = mid_o_ptr + req * stride_mob + head * stride_moh + offs_s[:, None] * stride_mos + offs_d[None, :]
+    parts = tl.load(mo_ptrs, mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    total = tl.sum(weights, 0)
+    out = tl.sum(weights[:, None] * parts, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(o_ptr + req * stride_ob + head * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_mask)
+
+
+def _block_d(head_dim: int) -> int:
+    # tl.dot needs every dimension >= 16; other head dims are padded and masked.
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # fp32 caches are the accuracy reference: keep fp32 dots exact instead of tf32.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _check_layout(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int]:
+    assert q.dim() == 3 and k_cache.dim() == 3 and v_cache.shape == k_cache.shape
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[1]
+    assert k_cache.shape[2] == head_dim and num_heads % num_kv_heads == 0
+    assert q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
+    assert q.dtype == k_cache.dtype == v_cache.dtype
+    return num_heads, num_kv_heads, head_dim
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    token_table: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    extend_starts: torch.Tensor,
+    sm_scale: float,
+    *,
+    max_extend_len: int,
+    out: torch.Tensor | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of the new tokens q [T, Hq, D] over the paged cache [slots, Hkv, D].
+
+    `max_extend_len` (from the host-side lengths) sizes the grid; block sizes are overridable so
+    tests can cross block boundaries with small shapes.
+    """
+    num_heads, num_kv_heads, head_dim = _check_layout(q, k_cache, v_cache)
+    if out is None:
+        out = torch.empty_like(q)
+    batch_size = rows.shape[0]
+    if batch_size == 0 or max_extend_len == 0:
+        return out
+    wide = q.element_size() == 4 or head_dim > 128
+    block_m = block_m or (64 if wide else 128)
+    block_n = block_n or (32 if head_dim > 128 else 64)
+    grid = (batch_size, num_heads, triton.cdiv(max_extend_len, block_m))
+    _extend_kernel[grid](
+        q, k_cache, v_cache, out,
+        token_table, rows, seq_lens, extend_lens, extend_starts,
+        sm_scale * _LOG2E,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), token_table.stride(0),
+        GROUP=num_heads // num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_D=_block_d(head_dim),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        PRECISION=_precision(q.dtype),
+        num_warps=8 if block_m >= 128 else 4,
+        num_stages=2,
+    )  # fmt: skip
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    # Interpreter runs: a small pretend machine, so CPU tests still exercise several splits.
+    return 4
+
+
+def decode_num_splits(
+    batch_size: int, num_kv_heads: int, max_seq_len: int | None, device: torch.device
+) -> int:
+    """Splits per (request, kv head): enough programs to fill the device twice over, none shorter
+    than `_MIN_TOKENS_PER_SPLIT`. `max_seq_len=None` (CUDA-graph capture, where lengths vary per
+    replay) assumes a long context; the kernel leaves surplus splits empty for short requests."""
+    by_occupancy = triton.cdiv(2 * _num_sms(device), max(1, batch_size * num_kv_heads))
+    splits = by_occupancy if max_seq_len is None else min(by_occupancy, triton.cdiv(max_seq_len, _MIN_TOKENS_PER_SPLIT))
+    return max(1, min(MAX_DECODE_SPLITS, splits))
+
+
+def alloc_decode_buffers(
+    batch_size: int, num_heads: int, head_dim: int, num_splits: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 partial outputs [B, Hq, splits, D] and log-sum-exps [B, Hq, splits] for stage 1."""
+    mid_o = torch.empty(batch_size, num_heads, num_splits, head_dim, dtype=torch.float32, device=device)
+    mid_lse = torch.empty(batch_size, num_heads, num_splits, dtype=torch.float32, device=device)
+    return mid_o, mid_lse
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    token_table: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    *,
+    num_splits: int,
+    mid_o: torch.Tensor | None = None,
+    mid_lse: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """One query token per request, q [B, Hq, D], attending to all `seq_lens[b]` cached positions.
+
+    `num_splits` is a launch constant (no data-dependent grid, so CUDA graphs can capture it).
+    `mid_o`/`mid_lse` may be larger than needed (static graph buffers): only [:B, :, :num_splits]
+    is touched.
+    """
+    num_heads, num_kv_heads, head_dim = _check_layout(q, k_cache, v_cache)
+    assert 1 <= num_splits
+    if out is None:
+        out = torch.empty_like(q)
+    batch_size = q.shape[0]
+    if batch_size == 0:
+        return out
+    if mid_o is None or mid_lse is None:
+        mid_o, mid_lse = alloc_decode_buffers(batch_size, num_heads, head_dim, num_splits, q.device)
+    assert mid_o.shape[0] >= batch_size and mid_o.shape[2] >= num_splits and mid_o.stride(3) == 1
+    assert mid_lse.shape[2] >= num_splits and mid_lse.stride(2) == 1
+    group = num_heads // num_kv_heads
+    block_d = _block_d(head_dim)
+    block_n = block_n or (32 if head_dim > 128 else 64)
+    _decode_split_kernel[(batch_size, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, mid_o, mid_lse,
+        token_table, rows, seq_lens,
+        sm_scale * _LOG2E,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        token_table.stride(0),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        NUM_SPLITS=num_splits,
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_D=block_d,
+        BLOCK_N=block_n,
+        PRECISION=_precision(q.dtype),
+        num_warps=4,
+        num_stages=2,
+    )  # fmt: skip
+    _decode_reduce_kernel[(batch_size, num_heads)](
+        mid_o, mid_lse, out,
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
+        NUM_SPLITS=num_splits,
+        SPLITS_POW2=triton.next_power_of_2(num_splits),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        num_warps=4 if head_dim >= 128 else 2,
+    )  # fmt: skip
+    return out
+
+
+def is_interpreted() -> bool:
+    """True when the kernels were built for the CPU interpreter (TRITON_INTERPRET=1 at import)."""
+    return type(_extend_kernel).__name__ == "InterpretedFunction"
+
+
+__all__ = [
+    "MAX_DECODE_SPLITS",
+    "alloc_decode_buffers",
+    "decode_attention",
+    "decode_num_splits",
+    "extend_attention",
+    "is_interpreted",
+]
