@@ -253,9 +253,9 @@ class RadixPrefixCache(BasePrefixCache):
                 assert child.parent is node, "broken parent link"
                 assert first == child.key[:page_size], "child keyed by the wrong page"
                 child_refs += child.ref
-            assert node.ref >= child_refs, "a lock below a node must also count on the node"
             if node is self._root:
-                continue
+                continue  # locks never count on the root: it cannot be evicted anyway
+            assert node.ref >= child_refs, "a lock below a node must also count on the node"
             assert node.pages and len(node.key) == len(node.pages) * page_size
             assert seen.isdisjoint(node.pages), "a page is cached twice"
             seen.update(node.pages)
