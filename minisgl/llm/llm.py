@@ -49,8 +49,16 @@ class LLM:
         self._next_rid = 0
 
     @property
+    def has_tokenizer(self) -> bool:
+        """Checkpoints built for tests may carry no tokenizer; then only token ids go in and out."""
+        model_dir = self.engine.model_dir
+        return any((model_dir / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+
+    @property
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
+            if not self.has_tokenizer:
+                raise ValueError(f"{self.engine.model_dir} has no tokenizer: pass token ids instead of text")
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.engine.model_dir))
@@ -130,6 +138,8 @@ class LLM:
         ordered = []
         for rid in rids:
             result = results[rid]
-            result["text"] = self.tokenizer.decode(result["token_ids"], skip_special_tokens=True)
+            result["text"] = (
+                self.tokenizer.decode(result["token_ids"], skip_special_tokens=True) if self.has_tokenizer else None
+            )
             ordered.append(result)
         return ordered

@@ -244,10 +244,12 @@ class Scheduler:
             _pages_for(min(r.sampling.max_tokens - r.output_len, self.config.decode_reserve_tokens), ps)
             for r in self.running
         )
+        # Lock first so the matched pages no longer count as evictable room.
+        self.cache.lock(match.handle)
         available = self.allocator.num_free + self.cache.evictable_pages
         if need + reserve > available and self.running:
+            self.cache.unlock(match.handle)
             return False
-        self.cache.lock(match.handle)
         req.cache_handle = match.handle
         req.pages = list(match.pages)
         req.shared_pages = len(match.pages)

@@ -1,0 +1,54 @@
+"""Drive the engine directly (no scheduler) for layer-level checks."""
+
+from __future__ import annotations
+
+import torch
+
+from minisgl.core import Req, SamplingParams
+from minisgl.engine.engine import Engine, StepPlan
+
+
+def forward_logits(
+    engine: Engine,
+    prompts: list[list[int]],
+    prefix_lens: list[int] | None = None,
+    all_positions: bool = False,
+    first_page: int = 0,
+) -> list[torch.Tensor]:
+    """Run prompts as one extend batch on fresh pages (request i in row i).
+
+    With `prefix_lens`, the first prefix_lens[i] tokens are computed in an earlier step, so the
+    second step extends on top of a cached prefix. Returns each request's logits of its new tokens
+    ([n, vocab]) when `all_positions`, else of its last token ([1, vocab]).
+    """
+    ps = engine.pool.page_size
+    prefix_lens = prefix_lens or [0] * len(prompts)
+    reqs, page = [], first_page
+    for row, ids in enumerate(prompts):
+        req = Req(row, list(ids), SamplingParams(temperature=0))
+        req.row = row
+        n_pages = -(-len(ids) // ps)
+        req.pages = list(range(page, page + n_pages))
+        page += n_pages
+        reqs.append(req)
+
+    def slots(req: Req, begin: int, end: int) -> list[int]:
+        return [req.pages[p // ps] * ps + p % ps for p in range(begin, end)]
+
+    if any(prefix_lens):
+        first = [r for r, n in zip(reqs, prefix_lens) if n]
+        for req, n in zip(reqs, prefix_lens):
+            req.extend_len = n
+        engine.step(StepPlan(first, [s for r in first for s in slots(r, 0, r.extend_len)]))
+        for req in first:
+            req.cached_len, req.extend_len = req.extend_len, 0
+    for req in reqs:
+        req.extend_len = req.total_len - req.cached_len
+    plan = StepPlan(reqs, [s for r in reqs for s in slots(r, r.cached_len, r.total_len)])
+    batch = engine.build_batch(plan)
+    if all_positions:
+        batch.sample_idx = torch.arange(batch.num_tokens)
+    logits = engine.forward_logits(batch)
+    if not all_positions:
+        return list(logits.split(1))
+    return list(logits.split([r.extend_len for r in reqs]))
