@@ -1,22 +1,31 @@
 """Run this package's Triton kernels on CPU through Triton's interpreter (CPU tests and CI).
 
 `@triton.jit` chooses between compiling and interpreting when the decorator runs, reading
-TRITON_INTERPRET then, so `use_triton_interpreter()` must be called before any kernel module is
-imported. It never runs on the GPU path.
+TRITON_INTERPRET then. Triton's own library functions (`tl.zeros`, `tl.cdiv`, ...) are decorated
+when `triton.language` is first imported, so `use_triton_interpreter()` must run before anything
+imports triton at all. It never runs on the GPU path.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Callable
 
 _PATCHED_MARK = "_minisgl_index_fix"
 
 
-def use_triton_interpreter() -> None:
-    """Switch `@triton.jit` to the interpreter for kernel modules imported from now on."""
+def use_triton_interpreter() -> bool:
+    """Switch `@triton.jit` to the interpreter for everything imported from now on.
+
+    Returns False (and changes nothing) when triton was already imported in compiled mode: its
+    library functions are then compiled-only and interpreted kernels calling them would fail."""
+    already_interpreting = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+    if "triton.language" in sys.modules and not already_interpreting:
+        return False
     os.environ["TRITON_INTERPRET"] = "1"
     _fix_scalar_index()
+    return True
 
 
 def _fix_scalar_index() -> None:
