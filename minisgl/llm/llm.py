@@ -33,16 +33,17 @@ class LLM:
         max_model_len: int | None = None,
         seed: int = 0,
         engine_config: EngineConfig | None = None,
+        scheduler_config: SchedulerConfig | None = None,
     ) -> None:
         engine_config = engine_config or EngineConfig(
             model=model, device=device, dtype=dtype, page_size=page_size,  # type: ignore[arg-type]
             num_pages=num_pages, dummy_weights=dummy_weights, attn=attn,
             max_model_len=max_model_len, seed=seed,
         )
-        sched_config = SchedulerConfig(
+        sched_config = scheduler_config or SchedulerConfig(
             max_running_requests=max_running_requests, max_prefill_tokens=max_prefill_tokens, cache=cache  # type: ignore[arg-type]
         )
-        engine_config = replace(engine_config, max_running_requests=max_running_requests)
+        engine_config = replace(engine_config, max_running_requests=sched_config.max_running_requests)
         self.scheduler = Scheduler(engine_config, sched_config)
         self.engine = self.scheduler.engine
         self._tokenizer: Any = None
