@@ -254,6 +254,16 @@ def _decode_reduce_kernel(
     tl.store(o_ptr + req * stride_ob + head * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_mask)
 
 
+def is_interpreted() -> bool:
+    """True when the kernels were built for the CPU interpreter (TRITON_INTERPRET=1 at import)."""
+    return type(_extend_kernel).__name__ == "InterpretedFunction"
+
+
+# The interpreter's tl.dot is a slow generic numpy matmul, so its cost is the padded block volume:
+# minimal blocks keep CPU tests fast. On the GPU the sizes below are picked for tensor cores.
+_SMALL_BLOCKS = is_interpreted()
+
+
 def _block_d(head_dim: int) -> int:
     # tl.dot needs every dimension >= 16; other head dims are padded and masked.
     return max(16, triton.next_power_of_2(head_dim))
@@ -302,8 +312,8 @@ def extend_attention(
     if batch_size == 0 or max_extend_len == 0:
         return out
     wide = q.element_size() == 4 or head_dim > 128
-    block_m = block_m or (64 if wide else 128)
-    block_n = block_n or (32 if head_dim > 128 else 64)
+    block_m = block_m or (16 if _SMALL_BLOCKS else 64 if wide else 128)
+    block_n = block_n or (16 if _SMALL_BLOCKS else 32 if head_dim > 128 else 64)
     grid = (batch_size, num_heads, triton.cdiv(max_extend_len, block_m))
     _extend_kernel[grid](
         q, k_cache, v_cache, out,
@@ -385,7 +395,7 @@ def decode_attention(
     assert mid_lse.shape[2] >= num_splits and mid_lse.stride(2) == 1
     group = num_heads // num_kv_heads
     block_d = _block_d(head_dim)
-    block_n = block_n or (32 if head_dim > 128 else 64)
+    block_n = block_n or (16 if _SMALL_BLOCKS else 32 if head_dim > 128 else 64)
     _decode_split_kernel[(batch_size, num_kv_heads, num_splits)](
         q, k_cache, v_cache, mid_o, mid_lse,
         token_table, rows, seq_lens,
@@ -414,11 +424,6 @@ def decode_attention(
         num_warps=4 if head_dim >= 128 else 2,
     )  # fmt: skip
     return out
-
-
-def is_interpreted() -> bool:
-    """True when the kernels were built for the CPU interpreter (TRITON_INTERPRET=1 at import)."""
-    return type(_extend_kernel).__name__ == "InterpretedFunction"
 
 
 __all__ = [
