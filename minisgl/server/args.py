@@ -1,0 +1,136 @@
+"""Command line -> `ServerConfig` (composed of the engine and scheduler configs).
+
+Bad options end the program with one line that says what to change, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+from minisgl.engine.config import EngineConfig
+from minisgl.scheduler.config import SchedulerConfig
+
+PROG = "python -m minisgl"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    sched: SchedulerConfig = field(default_factory=SchedulerConfig)
+    host: str = "127.0.0.1"
+    port: int = 30000
+    shell: bool = False
+    served_model_name: str | None = None
+    startup_timeout: float = 600.0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        fail(f"{message} (see '{PROG} --help')")
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print one line to stderr and exit."""
+    print(f"minisgl: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _device(text: str) -> str:
+    if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"unknown device {text!r}: use auto, cpu, cuda or cuda:N")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=PROG,
+        description="minisgl: an LLM inference engine with an OpenAI-compatible HTTP server "
+        "(POST /v1/chat/completions, /v1/completions, /generate; GET /v1/models, /health, "
+        "/v1/internal/stats), or an interactive chat with --shell.",
+    )
+    m = p.add_argument_group("model")
+    m.add_argument("--model", default=None, help="a Hugging Face model directory, a .gguf file or a hub id "
+                   "(default: the embedded SmolLM2-135M-Instruct)")  # fmt: skip
+    m.add_argument("--served-model-name", default=None, help="name reported by /v1/models (default: from --model)")
+    m.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weight and activation dtype (default: auto, float32 on CPU)")  # fmt: skip
+    m.add_argument("--dummy-weights", action="store_true", help="random weights (benchmarks without a checkpoint)")
+    m.add_argument("--max-model-len", type=_positive_int, default=None, help="cap on the context length")
+    m.add_argument("--seed", type=int, default=0, help="random seed of the engine (default: 0)")
+    d = p.add_argument_group("device and parallelism")
+    d.add_argument("--device", type=_device, default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    d.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size: one scheduler per rank")
+    d.add_argument("--attn", default=None, help="attention backend (default: triton on CUDA, torch on CPU)")
+    d.add_argument("--cuda-graph-max-bs", type=int, default=256, help="largest batch captured in a CUDA graph; 0 off")
+    k = p.add_argument_group("KV cache and scheduling")
+    k.add_argument("--page-size", type=_positive_int, default=16, help="tokens per KV page (default: 16)")
+    size = k.add_mutually_exclusive_group()
+    size.add_argument("--num-pages", type=_positive_int, default=None, help="KV pool size in pages")
+    size.add_argument("--kv-cache-gb", type=_positive_float, default=None, help="KV pool size in GiB")
+    k.add_argument("--max-running-requests", type=_positive_int, default=256, help="requests decoded together")
+    k.add_argument("--max-prefill-tokens", type=_positive_int, default=8192, help="token budget of one step")
+    k.add_argument("--cache", default="radix", choices=["radix", "naive"], help="prefix cache (default: radix)")
+    s = p.add_argument_group("server")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    s.add_argument("--port", type=_port, default=30000, help="port to listen on (default: 30000; 0: any free)")
+    s.add_argument("--startup-timeout", type=_positive_float, default=600.0,
+                   help="seconds to wait for every worker to be ready (default: 600)")  # fmt: skip
+    s.add_argument("--shell", action="store_true", help="chat in the terminal instead of serving HTTP")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> ServerConfig:
+    args = build_parser().parse_args(argv)
+    if args.cuda_graph_max_bs < 0:
+        fail("--cuda-graph-max-bs must be >= 0")
+    try:
+        engine = EngineConfig(
+            model=args.model, device=args.device, dtype=args.dtype, page_size=args.page_size,
+            num_pages=args.num_pages, kv_cache_gb=args.kv_cache_gb, dummy_weights=args.dummy_weights,
+            attn=args.attn, tp_size=args.tp, cuda_graph_max_bs=args.cuda_graph_max_bs,
+            max_running_requests=args.max_running_requests, max_model_len=args.max_model_len, seed=args.seed,
+        )  # fmt: skip
+        sched = SchedulerConfig(
+            max_running_requests=args.max_running_requests,
+            max_prefill_tokens=args.max_prefill_tokens,
+            cache=args.cache,
+        )
+    except ValueError as exc:
+        fail(str(exc))
+    return ServerConfig(
+        engine=engine, sched=sched, host=args.host, port=args.port, shell=args.shell,
+        served_model_name=args.served_model_name, startup_timeout=args.startup_timeout,
+    )  # fmt: skip

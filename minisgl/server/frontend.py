@@ -1,0 +1,168 @@
+"""Reply routing for the API server and the shell: one listener, one inbox per client request.
+
+Every reply of every request arrives on one ZMQ queue. A single listener task puts each reply in
+the inbox of the client request that owns its `rid` and wakes that inbox's event; each handler
+waits only on its own inbox and swaps its list out, so nothing is lost or delivered twice, even
+when replies arrive while the handler is busy. A client request may own several rids (`n > 1`,
+a batch of prompts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from minisgl.message.frontend import ErrorMsg, StatsMsg, TextDelta, TextDeltaMsg
+from minisgl.message.scheduler import AbortMsg, StatsReqMsg
+from minisgl.message.tokenizer import TokenizeMsg
+from minisgl.utils.logging import get_logger
+from minisgl.utils.zmq import ZmqAsyncPullQueue, ZmqAsyncPushQueue
+
+logger = get_logger(__name__)
+
+Reply = TextDelta | ErrorMsg
+
+
+@dataclass(frozen=True)
+class FrontendAddrs:
+    recv: str  # where the detokenizer, the tokenizer and scheduler rank 0 send replies
+    tokenizer: str
+    scheduler: str  # stats queries go straight to rank 0
+
+
+@dataclass(eq=False)
+class Inbox:
+    """Replies for the rids of one client request. `notify_each=False` wakes the owner only when
+    a rid finishes (non-streaming handlers do not need every token)."""
+
+    rids: list[int]
+    notify_each: bool = True
+    items: list[Reply] = field(default_factory=list)
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    unfinished: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.unfinished = set(self.rids)
+
+    @property
+    def finished(self) -> bool:
+        return not self.unfinished
+
+    def push(self, reply: Reply) -> None:
+        self.items.append(reply)
+        done = isinstance(reply, ErrorMsg) or reply.finish_reason is not None
+        if done:
+            self.unfinished.discard(reply.rid)
+        if done or self.notify_each:
+            self.event.set()
+
+    def take(self) -> list[Reply]:
+        self.event.clear()
+        items, self.items = self.items, []
+        return items
+
+
+class FrontendManager:
+    def __init__(self, addrs: FrontendAddrs) -> None:
+        self.recv: ZmqAsyncPullQueue[object] = ZmqAsyncPullQueue(addrs.recv)
+        self.to_tokenizer: ZmqAsyncPushQueue[object] = ZmqAsyncPushQueue(addrs.tokenizer)
+        self.to_scheduler: ZmqAsyncPushQueue[object] = ZmqAsyncPushQueue(addrs.scheduler)
+        self._rids = itertools.count()
+        self._query_ids = itertools.count()
+        self._inboxes: dict[int, Inbox] = {}
+        self._stats: dict[int, asyncio.Future[StatsMsg]] = {}
+        self._listener: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the listener; call from inside the running event loop."""
+        if self._listener is None:
+            self._listener = asyncio.get_running_loop().create_task(self._listen(), name="frontend-listener")
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            try:
+                await self._listener
+            except asyncio.CancelledError:
+                pass
+        for queue in (self.recv, self.to_tokenizer, self.to_scheduler):
+            queue.close()
+
+    @property
+    def live_requests(self) -> int:
+        return len(self._inboxes)
+
+    # ------------------------------------------------------------------ requests
+    def open(self, n: int, notify_each: bool = True) -> Inbox:
+        rids = [next(self._rids) for _ in range(n)]
+        inbox = Inbox(rids, notify_each)
+        for rid in rids:
+            self._inboxes[rid] = inbox
+        return inbox
+
+    async def submit(self, msgs: list[TokenizeMsg]) -> None:
+        for msg in msgs:
+            await self.to_tokenizer.put(msg)
+
+    async def replies(self, inbox: Inbox) -> AsyncIterator[list[Reply]]:
+        """Batches of replies until every rid of the inbox has finished (or failed)."""
+        while True:
+            if inbox.items:
+                yield inbox.take()
+            elif inbox.finished:
+                return
+            else:
+                await inbox.event.wait()  # set by every push since the last take()
+
+    def release(self, inbox: Inbox) -> None:
+        """Forget the inbox; rids that are still running are aborted."""
+        pending = [rid for rid in inbox.rids if rid in inbox.unfinished]
+        for rid in inbox.rids:
+            self._inboxes.pop(rid, None)
+        for rid in pending:
+            logger.info("Aborting request %d", rid)
+            inbox.unfinished.discard(rid)
+            # Sync send: this also runs from `finally` blocks of cancelled tasks.
+            self.to_tokenizer.put_nowait(AbortMsg(rid))
+
+    # ------------------------------------------------------------------ stats
+    async def stats(self, timeout: float = 5.0) -> StatsMsg:
+        query = next(self._query_ids)
+        future: asyncio.Future[StatsMsg] = asyncio.get_running_loop().create_future()
+        self._stats[query] = future
+        try:
+            await self.to_scheduler.put(StatsReqMsg(query))
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._stats.pop(query, None)
+
+    # ------------------------------------------------------------------ listener
+    async def _listen(self) -> None:
+        while True:
+            try:
+                msg = await self.recv.get()
+                self._dispatch(msg)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bad message must not kill routing for everyone
+                logger.exception("frontend listener: dropping a reply it could not handle")
+
+    def _dispatch(self, msg: object) -> None:
+        if isinstance(msg, TextDeltaMsg):
+            for delta in msg.deltas:
+                inbox = self._inboxes.get(delta.rid)
+                if inbox is not None:  # else: finished or aborted already
+                    inbox.push(delta)
+        elif isinstance(msg, ErrorMsg):
+            inbox = self._inboxes.get(msg.rid)
+            if inbox is not None:
+                inbox.push(msg)
+        elif isinstance(msg, StatsMsg):
+            future = self._stats.get(msg.query_id)
+            if future is not None and not future.done():
+                future.set_result(msg)
+        else:
+            logger.warning("frontend: ignoring unexpected message %s", type(msg).__name__)
