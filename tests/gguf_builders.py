@@ -88,11 +88,16 @@ ARCH_SIZES = {"hidden": 32, "n_head": 4, "n_kv": 2, "head_dim": 8, "ffn": 64, "l
 
 
 def tiny_model(
-    path: Path, arch: str, seed: int = 0, tied: bool = True, extra_meta: dict[str, Any] | None = None
+    path: Path,
+    arch: str,
+    seed: int = 0,
+    tied: bool = True,
+    extra_meta: dict[str, Any] | None = None,
+    sizes: dict[str, int] | None = None,
 ) -> tuple[Path, dict[str, np.ndarray]]:
     """Write a 2-layer float32 GGUF of `arch`; return it and the HF-named weights it encodes."""
     rng = np.random.default_rng(seed)
-    hidden, n_head, n_kv, head_dim, ffn, layers, experts = ARCH_SIZES.values()
+    hidden, n_head, n_kv, head_dim, ffn, layers, experts = {**ARCH_SIZES, **(sizes or {})}.values()
     vocab = len(tiny_vocab()[0])
 
     def rand(*shape: int) -> np.ndarray:
@@ -145,6 +150,8 @@ def tiny_model(
         f"{arch}.attention.layer_norm_rms_epsilon": 1e-6,
         f"{arch}.rope.freq_base": 10000.0,
     }
+    if arch in ("qwen3", "qwen3moe"):  # llama.cpp records head_dim for these (it is not hidden/heads)
+        metadata.update({f"{arch}.attention.key_length": head_dim, f"{arch}.attention.value_length": head_dim})
     if arch == "qwen3moe":
         metadata.update({f"{arch}.expert_count": experts, f"{arch}.expert_used_count": 2, f"{arch}.expert_feed_forward_length": ffn})
     metadata.update(extra_meta or {})
