@@ -188,7 +188,7 @@ def _write_shard(path: Path, plans: list[TensorPlan], values: Iterable[tuple[Ten
 
 
 def _write_array(out: BinaryIO, array: np.ndarray) -> None:
-    out.write(memoryview(np.ascontiguousarray(array, dtype="<f4")).cast("B"))
+    out.write(np.ascontiguousarray(array, dtype="<f4").data)
 
 
 def write_weights(out_dir: Path, plans: list[TensorPlan]) -> None:
@@ -232,7 +232,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     plans = plan_tensors(reader, arch, config["num_attention_heads"], config["num_key_value_heads"])
     out_dir.mkdir(parents=True, exist_ok=True)
     # Tokenizer first: it fails on unknown tokenizer models before the slow weight pass.
-    write_tokenizer_files(meta, out_dir, model_max_length=config["max_position_embeddings"])
+    write_tokenizer_files(meta, out_dir, config["max_position_embeddings"], gguf_path)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     (out_dir / "generation_config.json").write_text(json.dumps(build_generation_config(meta), indent=2))
     logger.info("dequantizing %d GGUF tensors of %s to float32", len(reader.tensors), gguf_path.name)

@@ -1,5 +1,6 @@
 """tokenizer.json + tokenizer_config.json rebuilt from a GGUF's `tokenizer.*` metadata.
 
+Byte-level BPE ("gpt2") is built here; other tokenizer models are delegated to transformers.
 A GGUF carries the vocabulary, merges, token types and special ids, but not the normalizer /
 pre-tokenizer pipeline: llama.cpp names that pipeline with `tokenizer.ggml.pre`, and we map the
 name back to the split rules the vocabulary was trained with.
@@ -158,15 +159,29 @@ def tokenizer_config(meta: dict[str, Any], model_max_length: int) -> dict[str, A
     return config
 
 
-def write_tokenizer_files(meta: dict[str, Any], out_dir: Path, model_max_length: int) -> None:
+def write_tokenizer_files(meta: dict[str, Any], out_dir: Path, model_max_length: int, gguf_path: Path) -> None:
     kind = meta.get("tokenizer.ggml.model")
     if "tokenizer.ggml.tokens" not in meta:
         raise ModelSourceError("GGUF has no tokenizer.ggml.tokens; it carries no tokenizer")
     if kind != "gpt2":
-        raise ModelSourceError(
-            f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2'); "
-            "pass a Hugging Face model directory instead"
-        )
+        _write_with_transformers(str(kind), gguf_path, out_dir, model_max_length)
+        return
     build_bpe_tokenizer(meta).save(str(out_dir / "tokenizer.json"))
     config = tokenizer_config(meta, model_max_length)
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
+
+
+def _write_with_transformers(kind: str, gguf_path: Path, out_dir: Path, model_max_length: int) -> None:
+    """Sentencepiece-style vocabularies ("llama", "t5", ...) go through transformers' GGUF tokenizer
+    builder: rebuilding merges from piece scores is its own project, and transformers already
+    does it; only byte-level BPE is built here."""
+    from transformers import AutoTokenizer
+
+    logger.info("building the %r GGUF tokenizer with transformers", kind)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelSourceError(f"cannot build the {kind!r} tokenizer of {gguf_path.name}: {reason}") from exc
+    tokenizer.model_max_length = model_max_length
+    tokenizer.save_pretrained(str(out_dir))
