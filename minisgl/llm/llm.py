@@ -31,6 +31,7 @@ class LLM:
         max_prefill_tokens: int = 8192,
         cache: str = "radix",
         max_model_len: int | None = None,
+        cuda_graph_max_bs: int = 256,
         seed: int = 0,
         engine_config: EngineConfig | None = None,
         scheduler_config: SchedulerConfig | None = None,
@@ -38,7 +39,7 @@ class LLM:
         engine_config = engine_config or EngineConfig(
             model=model, device=device, dtype=dtype, page_size=page_size,  # type: ignore[arg-type]
             num_pages=num_pages, dummy_weights=dummy_weights, attn=attn,
-            max_model_len=max_model_len, seed=seed,
+            max_model_len=max_model_len, cuda_graph_max_bs=cuda_graph_max_bs, seed=seed,
         )
         sched_config = scheduler_config or SchedulerConfig(
             max_running_requests=max_running_requests, max_prefill_tokens=max_prefill_tokens, cache=cache  # type: ignore[arg-type]

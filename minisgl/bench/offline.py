@@ -1,0 +1,128 @@
+"""Offline throughput: a fixed random workload through `LLM.generate`, optionally through Hugging
+Face transformers' continuous batching (`generate_batch`) in the same run. Prints one JSON line
+per engine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from typing import Any
+
+from minisgl.core import SamplingParams
+
+
+def make_workload(args: argparse.Namespace) -> tuple[list[list[int]], list[int]]:
+    """Token-id prompts uniform in [0, 10000]; input and output lengths uniform in their ranges."""
+    rng = random.Random(args.seed)
+    prompts = [
+        [rng.randint(0, 10000) for _ in range(rng.randint(args.min_input, args.max_input))]
+        for _ in range(args.num_seqs)
+    ]
+    outputs = [rng.randint(args.min_output, args.max_output) for _ in range(args.num_seqs)]
+    return prompts, outputs
+
+
+def run_minisgl(args: argparse.Namespace, prompts: list[list[int]], outputs: list[int]) -> dict[str, Any]:
+    from minisgl import LLM
+
+    llm = LLM(
+        args.model, device=args.device, dtype=args.dtype, dummy_weights=args.dummy_weights,
+        page_size=args.page_size, num_pages=args.num_pages, attn=args.attn,
+        max_running_requests=args.max_running_requests, max_prefill_tokens=args.max_prefill_tokens,
+        cache=args.cache, cuda_graph_max_bs=args.cuda_graph_max_bs,
+    )
+    params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n) for n in outputs]
+    llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=args.temperature, max_tokens=8), use_tqdm=False)  # warm-up
+    llm.engine.platform.synchronize()
+    start = time.perf_counter()
+    results = llm.generate(prompts, params, use_tqdm=not args.quiet)
+    llm.engine.platform.synchronize()
+    seconds = time.perf_counter() - start
+    out_tokens = sum(len(r["token_ids"]) for r in results)
+    return _record("minisgl", out_tokens, seconds, prompts, extra={"device": str(llm.engine.device),
+                   "attn": llm.engine.attn_name, "retractions": llm.scheduler.num_retractions})
+
+
+def run_hf(args: argparse.Namespace, prompts: list[list[int]], outputs: list[int]) -> dict[str, Any]:
+    """Transformers' own continuous batching. It takes one max_new_tokens for the whole batch, so
+    every request gets the workload's mean output length (same total output tokens)."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from minisgl.models.source import resolve_model_dir
+
+    model_dir = resolve_model_dir(args.model)
+    device = "cuda" if args.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
+        args.dtype, torch.bfloat16 if device == "cuda" else torch.float32
+    )
+    if args.dummy_weights:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(model_dir))
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device)
+    model.eval()
+    mean_out = round(sum(outputs) / len(outputs))
+    gen = GenerationConfig(
+        max_new_tokens=mean_out, do_sample=args.temperature > 0, temperature=args.temperature or None,
+        eos_token_id=-1, pad_token_id=0,
+    )
+    start = time.perf_counter()
+    results = model.generate_batch(inputs=prompts, generation_config=gen, progress_bar=not args.quiet)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    out_tokens = sum(len(r.generated_tokens) for r in results.values())
+    return _record("hf-transformers", out_tokens, seconds, prompts, extra={"device": device,
+                   "note": f"uniform max_new_tokens={mean_out}"})
+
+
+def _record(engine: str, out_tokens: int, seconds: float, prompts: list[list[int]], extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "engine": engine,
+        "output_tokens": out_tokens,
+        "seconds": round(seconds, 3),
+        "output_tok_s": round(out_tokens / seconds, 1),
+        "input_tokens": sum(len(p) for p in prompts),
+        **extra,
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m minisgl.bench offline", description=__doc__)
+    p.add_argument("--model", default=None, help="model dir, hub id or .gguf (default: embedded SmolLM2)")
+    p.add_argument("--dummy-weights", action="store_true", help="random weights from the model's config")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--attn", default=None)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--num-pages", type=int, default=None)
+    p.add_argument("--max-running-requests", type=int, default=256)
+    p.add_argument("--max-prefill-tokens", type=int, default=8192)
+    p.add_argument("--cuda-graph-max-bs", type=int, default=256, help="0 disables CUDA graphs")
+    p.add_argument("--cache", default="radix", choices=["radix", "naive"])
+    p.add_argument("--num-seqs", type=int, default=256)
+    p.add_argument("--min-input", type=int, default=100)
+    p.add_argument("--max-input", type=int, default=1024)
+    p.add_argument("--min-output", type=int, default=100)
+    p.add_argument("--max-output", type=int, default=1024)
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--peer", choices=["hf"], action="append", default=[], help="also run a peer engine")
+    p.add_argument("--no-minisgl", action="store_true", help="run only the peer(s)")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    prompts, outputs = make_workload(args)
+    if not args.no_minisgl:
+        print(json.dumps(run_minisgl(args, prompts, outputs)), flush=True)
+    if "hf" in args.peer:
+        print(json.dumps(run_hf(args, prompts, outputs)), flush=True)
+    return 0
