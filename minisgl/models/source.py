@@ -93,6 +93,8 @@ def _converted_dir(gguf_path: Path, cache_root: Path) -> Path:
     with _FileLock(target.parent / f"{target.name}.lock"):
         if (target / _COMPLETE_MARKER).is_file():
             return target
+        for stale in target.parent.glob(f".{target.name}.tmp-*"):  # left by a killed converter
+            shutil.rmtree(stale, ignore_errors=True)
         _convert_atomically(gguf_path, target)
     return target
 

@@ -21,7 +21,7 @@ from safetensors.numpy import load_file
 
 import minisgl.models.gguf as gguf_mod
 from minisgl.models.gguf import convert_gguf, dequantize_tensor, open_gguf
-from minisgl.models.source import ModelSourceError, resolve_model_dir
+from minisgl.models.source import ModelSourceError, gguf_cache_dir, resolve_model_dir
 
 ROWS, COLS = 4, 512
 NAME = "blk.0.ffn_down.weight"
@@ -265,7 +265,7 @@ def test_default_model_missing_names_the_fix(monkeypatch: pytest.MonkeyPatch) ->
 
 
 _HUB_SCRIPT = """
-from minisgl.models.source import ModelSourceError, resolve_model_dir
+from minisgl.models.source import ModelSourceError, gguf_cache_dir, resolve_model_dir
 try:
     resolve_model_dir("Qwen/Qwen3-0.6B")
 except ModelSourceError as exc:
@@ -288,7 +288,10 @@ def test_hub_unreachable_fails_fast(tmp_path: Path, env: dict[str, str]) -> None
 def test_conversion_is_cached_and_keyed_by_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path, _ = tiny_model(tmp_path / "m.gguf", "qwen3")
     cache = tmp_path / "cache"
+    stale = gguf_cache_dir(path, cache).parent / f".{gguf_cache_dir(path, cache).name}.tmp-1-dead"
+    stale.mkdir(parents=True)  # as left behind by a converter that was killed
     first = resolve_model_dir(str(path), cache_dir=cache)
+    assert not stale.exists()
     assert (first / "config.json").is_file() and first.parent == cache / "gguf"
 
     def refuse(*args: object) -> None:
