@@ -11,9 +11,11 @@ from pathlib import Path
 
 import torch
 
-from minisgl.attention.batch import ForwardBatch, forward_context
+from minisgl.attention.base import BaseAttnBackend
+from minisgl.attention.batch import ForwardBatch
 from minisgl.attention.registry import ATTN_BACKENDS, select_attn_backend
 from minisgl.core import Req
+from minisgl.engine.graph import Runner
 from minisgl.distributed import TPInfo, get_tp_info, set_tp_info
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.sampler import Sampler, SamplingBatch
@@ -110,6 +112,7 @@ class Engine:
             if hasattr(module, "backend") and hasattr(module, "layer_id"):
                 module.backend = self.attn_backend
         self.sampler = Sampler()
+        self.runner = self._make_runner()
         logger.info(
             "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s",
             self.model_config.architecture, self.device, str(self.dtype).replace("torch.", ""),
@@ -136,6 +139,18 @@ class Engine:
             cap = cfg.max_running_requests * self.context_len // cfg.page_size + 1
             num_pages = max(1, min(budget // per_page, cap))
         return KVPool(mc.num_layers, num_pages, cfg.page_size, kv_heads, mc.head_dim, self.dtype, self.device)
+
+    def _make_runner(self) -> "Runner":
+        from minisgl.engine.graph import EagerRunner, GraphRunner
+
+        max_bs = min(self.config.cuda_graph_max_bs, self.config.max_running_requests)
+        graphs_ok = type(self.attn_backend).init_graph_state is not BaseAttnBackend.init_graph_state
+        if self.platform.supports_graphs and max_bs > 0 and graphs_ok:
+            return GraphRunner(
+                self.model, self.attn_backend, self.token_table, max_bs,
+                self.scratch_row, self.pool.scratch_slot, self.device,
+            )
+        return EagerRunner(self.model, self.attn_backend)
 
     @property
     def scratch_row(self) -> int:
@@ -188,10 +203,7 @@ class Engine:
     @torch.inference_mode()
     def forward_logits(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits of the tokens in `batch.sample_idx`: [S, vocab]."""
-        self.attn_backend.prepare(batch)
-        with forward_context(batch):
-            hidden = self.model(batch.input_ids, batch.positions)
-        return self.model.compute_logits(hidden[batch.sample_idx])
+        return self.runner.run(batch)
 
     @torch.inference_mode()
     def step(self, plan: StepPlan) -> ForwardOut:

@@ -1,0 +1,135 @@
+"""Runners that turn a ForwardBatch into logits: eager everywhere, CUDA graphs for decode.
+
+`GraphRunner` captures the decode forward for a ladder of batch sizes up to `max_bs`; a live
+decode batch is padded to the nearest captured size (padding rows attend to nothing and write
+their KV to the pool's scratch slot) and replayed. Anything else runs eagerly.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from minisgl.attention.base import BaseAttnBackend
+from minisgl.attention.batch import ForwardBatch, forward_context
+from minisgl.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+class Runner(Protocol):
+    def run(self, batch: ForwardBatch) -> torch.Tensor: ...
+
+
+class EagerRunner:
+    def __init__(self, model: nn.Module, backend: BaseAttnBackend) -> None:
+        self.model = model
+        self.backend = backend
+
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        self.backend.prepare(batch)
+        with forward_context(batch):
+            hidden = self.model(batch.input_ids, batch.positions)
+        return self.model.compute_logits(hidden[batch.sample_idx])
+
+
+def graph_batch_sizes(max_bs: int) -> list[int]:
+    sizes = [bs for bs in (1, 2, 4, 8) if bs <= max_bs]
+    sizes += list(range(16, max_bs + 1, 16))
+    if sizes[-1] != max_bs:
+        sizes.append(max_bs)
+    return sizes
+
+
+class GraphRunner:
+    def __init__(
+        self,
+        model: nn.Module,
+        backend: BaseAttnBackend,
+        token_table: torch.Tensor,
+        max_bs: int,
+        scratch_row: int,
+        scratch_slot: int,
+        device: torch.device,
+    ) -> None:
+        self.eager = EagerRunner(model, backend)
+        self.model = model
+        self.backend = backend
+        self.token_table = token_table
+        self.max_bs = max_bs
+        self.sizes = graph_batch_sizes(max_bs)
+        self.scratch_row = scratch_row
+        self.scratch_slot = scratch_slot
+        # Padding entries: row `scratch_row` maps position 0 to the scratch slot.
+        token_table[scratch_row, 0] = scratch_slot
+        long = dict(dtype=torch.int64, device=device)
+        self.input_ids = torch.zeros(max_bs, **long)  # type: ignore[arg-type]
+        self.positions = torch.zeros(max_bs, **long)  # type: ignore[arg-type]
+        self.out_loc = torch.full((max_bs,), scratch_slot, **long)  # type: ignore[arg-type]
+        self.rows = torch.full((max_bs,), scratch_row, **long)  # type: ignore[arg-type]
+        self.seq_lens = torch.ones(max_bs, dtype=torch.int32, device=device)
+        self.arange = torch.arange(max_bs, **long)  # type: ignore[arg-type]
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        backend.init_graph_state(max_bs)
+        self._capture_all()
+
+    def _static_batch(self, bs: int) -> ForwardBatch:
+        return ForwardBatch(
+            phase="decode",
+            input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs],
+            out_loc=self.out_loc[:bs],
+            rows=self.rows[:bs],
+            seq_lens=self.seq_lens[:bs],
+            extend_lens=torch.ones_like(self.seq_lens[:bs]),
+            extend_starts=self.arange[:bs].int(),
+            token_table=self.token_table,
+            seq_lens_cpu=[1] * bs,
+            extend_lens_cpu=[1] * bs,
+            sample_idx=self.arange[:bs],
+        )
+
+    @torch.inference_mode()
+    def _capture_all(self) -> None:
+        pool = None
+        for bs in reversed(self.sizes):  # largest first so smaller graphs reuse its memory pool
+            batch = self._static_batch(bs)
+            self.backend.prepare_for_capture(batch)
+            for _ in range(2):  # warm up (autotuning, lazy init) outside the graph
+                with forward_context(batch):
+                    hidden = self.model(batch.input_ids, batch.positions)
+                self.model.compute_logits(hidden)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                with forward_context(batch):
+                    hidden = self.model(batch.input_ids, batch.positions)
+                self.logits[bs] = self.model.compute_logits(hidden)
+            if pool is None:
+                pool = graph.pool()
+            self.graphs[bs] = graph
+        torch.cuda.synchronize()
+        logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
+
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        bs = batch.batch_size
+        if batch.phase != "decode" or bs > self.max_bs:
+            return self.eager.run(batch)
+        padded = next(size for size in self.sizes if size >= bs)
+        self.input_ids[:bs].copy_(batch.input_ids)
+        self.positions[:bs].copy_(batch.positions)
+        self.out_loc[:bs].copy_(batch.out_loc)
+        self.rows[:bs].copy_(batch.rows)
+        self.seq_lens[:bs].copy_(batch.seq_lens)
+        if padded > bs:
+            self.input_ids[bs:padded].zero_()
+            self.positions[bs:padded].zero_()
+            self.out_loc[bs:padded].fill_(self.scratch_slot)
+            self.rows[bs:padded].fill_(self.scratch_row)
+            self.seq_lens[bs:padded].fill_(1)
+        self.backend.prepare_for_replay(self._static_batch(padded))
+        self.graphs[padded].replay()
+        return self.logits[padded][:bs]
