@@ -7,6 +7,7 @@ batch size and its per-request inputs live in static buffers owned here.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +15,6 @@ import torch
 from minisgl.attention.base import BaseAttnBackend
 from minisgl.attention.batch import ForwardBatch
 from minisgl.kernels.attention import (
-    MAX_DECODE_SPLITS,
     alloc_decode_buffers,
     decode_attention,
     decode_num_splits,
@@ -47,6 +47,8 @@ class _GraphBuffers:
     max_bs: int
     rows: torch.Tensor  # [max_bs] int64
     seq_lens: torch.Tensor  # [max_bs] int32; 0 past the live batch, which empties those entries
+    # Flat fp32 scratch shared by every captured size: size bs views it as [bs, Hq, splits(bs), D].
+    # splits(bs) falls as bs grows, so the largest bs * splits(bs) bounds it (a few MB).
     mid_o: torch.Tensor
     mid_lse: torch.Tensor
     token_table_ptr: int | None = None  # the table captured graphs read; it must stay the same tensor
@@ -68,7 +70,9 @@ class TritonAttnBackend(BaseAttnBackend):
     def prepare(self, batch: ForwardBatch) -> None:
         if batch.phase == "decode":
             batch_size = batch.batch_size
-            num_splits = decode_num_splits(batch_size, self.num_kv_heads, batch.max_seq_len, self.device)
+            num_splits = decode_num_splits(
+                batch_size, self.num_kv_heads, self.head_dim, batch.max_seq_len, self.device
+            )
             mid_o, mid_lse = alloc_decode_buffers(batch_size, self.num_heads, self.head_dim, num_splits, self.device)
             batch.attn_meta = TritonDecodeMeta(batch.rows, batch.seq_lens, num_splits, mid_o, mid_lse)
         else:
@@ -95,13 +99,13 @@ class TritonAttnBackend(BaseAttnBackend):
     # --- CUDA graphs (decode only) ---
 
     def init_graph_state(self, max_bs: int) -> None:
-        mid_o, mid_lse = alloc_decode_buffers(max_bs, self.num_heads, self.head_dim, MAX_DECODE_SPLITS, self.device)
+        capacity = max(bs * self._graph_splits(bs) for bs in range(1, max_bs + 1))
         self._graph = _GraphBuffers(
             max_bs=max_bs,
             rows=torch.zeros(max_bs, dtype=torch.int64, device=self.device),
             seq_lens=torch.zeros(max_bs, dtype=torch.int32, device=self.device),
-            mid_o=mid_o,
-            mid_lse=mid_lse,
+            mid_o=torch.empty(capacity * self.num_heads * self.head_dim, dtype=torch.float32, device=self.device),
+            mid_lse=torch.empty(capacity * self.num_heads, dtype=torch.float32, device=self.device),
         )
 
     def prepare_for_capture(self, batch: ForwardBatch) -> None:
@@ -114,12 +118,14 @@ class TritonAttnBackend(BaseAttnBackend):
         if graph.token_table_ptr is None:
             graph.token_table_ptr = batch.token_table.data_ptr()
         self._load_inputs(graph, batch)
+        num_splits = self._graph_splits(batch_size)
+        shape = (batch_size, self.num_heads, num_splits)
         batch.attn_meta = TritonDecodeMeta(
             rows=graph.rows[:batch_size],
             seq_lens=graph.seq_lens[:batch_size],
-            num_splits=decode_num_splits(batch_size, self.num_kv_heads, None, self.device),
-            mid_o=graph.mid_o[:batch_size],
-            mid_lse=graph.mid_lse[:batch_size],
+            num_splits=num_splits,
+            mid_o=graph.mid_o[: math.prod(shape) * self.head_dim].view(*shape, self.head_dim),
+            mid_lse=graph.mid_lse[: math.prod(shape)].view(shape),
         )
 
     def prepare_for_replay(self, batch: ForwardBatch) -> None:
@@ -128,6 +134,9 @@ class TritonAttnBackend(BaseAttnBackend):
         `batch` may be the live batch (smaller than the captured size) or already padded; entries
         past it get seq_len 0, so the captured kernels compute nothing there and output zeros."""
         self._load_inputs(self._graph_for(batch), batch)
+
+    def _graph_splits(self, batch_size: int) -> int:
+        return decode_num_splits(batch_size, self.num_kv_heads, self.head_dim, None, self.device)
 
     def _graph_for(self, batch: ForwardBatch) -> _GraphBuffers:
         graph = self._graph

@@ -196,7 +196,7 @@ DECODE_CPU_CASES = [
     ([1], 1, (2, 2), 64, 1),
     ([5, 300, 64, 17], 4, (3, 1), 128, 16),
     ([129, 1, 200], 3, (8, 2), 64, 1),
-    ([90, 33], MAX_DECODE_SPLITS, (9, 3), 64, 16),
+    ([90, 33], 16, (9, 3), 64, 16),
 ]
 
 
@@ -232,10 +232,13 @@ def test_refs_match_dense_attention() -> None:
 
 
 def test_decode_num_splits_is_bounded() -> None:
-    assert decode_num_splits(1, 1, 1, DEVICE) == 1  # one short request: no point splitting
-    assert decode_num_splits(1, 1, 10**6, DEVICE) <= MAX_DECODE_SPLITS
-    assert decode_num_splits(512, 8, 10**6, DEVICE) == 1  # the batch alone fills the device
-    assert 1 <= decode_num_splits(2, 3, None, DEVICE) <= MAX_DECODE_SPLITS
+    assert decode_num_splits(1, 1, 128, 1, DEVICE) == 1  # one short request: no point splitting
+    assert decode_num_splits(1, 1, 128, 10**6, DEVICE) <= MAX_DECODE_SPLITS
+    assert decode_num_splits(512, 8, 128, 10**6, DEVICE) == 1  # the batch alone fills the device
+    assert 1 <= decode_num_splits(2, 3, 64, None, DEVICE) <= MAX_DECODE_SPLITS
+    # Splits fall as the batch grows, which bounds the graph scratch by bs * splits(bs).
+    splits = [decode_num_splits(bs, 2, 128, None, DEVICE) for bs in range(1, 65)]
+    assert splits == sorted(splits, reverse=True)
 
 
 # ---- GPU sweep: real block sizes, long contexts, half precision ----
@@ -266,7 +269,8 @@ def test_extend_gpu_sweep(dtype: torch.dtype, heads: tuple[int, int], head_dim: 
 def test_decode_gpu_sweep(dtype: torch.dtype, heads: tuple[int, int], head_dim: int, page_size: int) -> None:
     seq_lens = [1, 4097, 130, 2000, 64]
     case = build_case([s - 1 for s in seq_lens], [1] * len(seq_lens), *heads, head_dim, page_size, dtype, seed=6)
-    for num_splits in (1, decode_num_splits(len(seq_lens), heads[1], max(seq_lens), DEVICE), MAX_DECODE_SPLITS):
+    auto = decode_num_splits(len(seq_lens), heads[1], head_dim, max(seq_lens), DEVICE)
+    for num_splits in (1, auto, MAX_DECODE_SPLITS):
         out, ref = run_decode(case, head_dim**-0.5, num_splits=num_splits)
         assert_close(out, ref, dtype)
 
@@ -287,3 +291,59 @@ def test_decode_cuda_graph_replay() -> None:
     case.rows.copy_(case.rows.flip(0))
     graph.replay()
     assert_close(out, decode_attention_ref(*args), torch.bfloat16)
+
+
+@gpu
+@needs_cuda
+def test_backend_cuda_graph_capture_and_replay() -> None:
+    """TritonAttnBackend captured at bs 8, replayed for a live bs-5 batch of other lengths."""
+    from minisgl.attention.batch import ForwardBatch
+    from minisgl.attention.triton_backend import create_triton_backend
+    from minisgl.kvcache.pool import KVPool
+
+    gen = torch.Generator(device=DEVICE).manual_seed(8)
+    heads, head_dim, page_size, max_bs, width = (8, 2), 128, 16, 8, 1024
+    pool = KVPool(1, max_bs * width // page_size, page_size, heads[1], head_dim, torch.bfloat16, DEVICE)
+    pool.k[0].normal_(generator=gen)
+    pool.v[0].normal_(generator=gen)
+    backend = create_triton_backend(pool, *heads, head_dim, head_dim**-0.5)
+    backend.init_graph_state(max_bs)
+    page_order = torch.randperm(pool.num_pages, generator=gen, device=DEVICE).view(max_bs, -1)
+    pos = torch.arange(width, device=DEVICE)
+    token_table = (page_order[:, pos // page_size] * page_size + pos % page_size).int()
+
+    def decode_batch(rows: list[int], seq_lens: list[int], out_loc: torch.Tensor) -> ForwardBatch:
+        bs = len(rows)
+        rows_t = torch.tensor(rows, device=DEVICE)
+        return ForwardBatch(
+            phase="decode", input_ids=torch.zeros(bs, dtype=torch.int64, device=DEVICE),
+            positions=torch.tensor(seq_lens, device=DEVICE) - 1, out_loc=out_loc, rows=rows_t,
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+            extend_lens=torch.ones(bs, dtype=torch.int32, device=DEVICE),
+            extend_starts=torch.arange(bs, dtype=torch.int32, device=DEVICE), token_table=token_table,
+            seq_lens_cpu=seq_lens, extend_lens_cpu=[1] * bs, sample_idx=torch.arange(bs, device=DEVICE),
+        )  # fmt: skip
+
+    static_q = torch.zeros(max_bs, heads[0], head_dim, dtype=torch.bfloat16, device=DEVICE)
+    static_kv = torch.zeros(2, max_bs, heads[1], head_dim, dtype=torch.bfloat16, device=DEVICE)
+    static_loc = torch.full((max_bs,), pool.scratch_slot, dtype=torch.int64, device=DEVICE)
+    capture = decode_batch(list(range(max_bs)), [1] * max_bs, static_loc)
+    backend.prepare_for_capture(capture)
+    backend.forward(static_q, static_kv[0], static_kv[1], 0, capture)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = backend.forward(static_q, static_kv[0], static_kv[1], 0, capture)
+
+    rows, seq_lens = [3, 1, 4, 0, 6], [1000, 1, 77, 513, 129]
+    live_loc = token_table[torch.tensor(rows, device=DEVICE), torch.tensor(seq_lens, device=DEVICE) - 1].long()
+    live = decode_batch(rows, seq_lens, live_loc)
+    static_q[:5].normal_(generator=gen)
+    static_kv[:, :5].normal_(generator=gen)
+    static_loc[:5] = live_loc
+    backend.prepare_for_replay(live)
+    graph.replay()
+    expected = decode_attention_ref(static_q[:5], pool.k[0], pool.v[0], token_table, live.rows, live.seq_lens,
+                                    head_dim**-0.5)  # fmt: skip
+    assert torch.equal(pool.k[0][live_loc], static_kv[0, :5]), "the replay stored the new keys"
+    assert_close(out[:5], expected, torch.bfloat16)
+    assert torch.all(out[5:] == 0)
