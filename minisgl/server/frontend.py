@@ -74,12 +74,26 @@ class FrontendManager:
         self._inboxes: dict[int, Inbox] = {}
         self._stats: dict[int, asyncio.Future[StatsMsg]] = {}
         self._listener: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.dead: str | None = None  # set once a worker died: every request fails with 503
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Start the listener; call from inside the running event loop."""
         if self._listener is None:
-            self._listener = asyncio.get_running_loop().create_task(self._listen(), name="frontend-listener")
+            self._loop = asyncio.get_running_loop()
+            self._listener = self._loop.create_task(self._listen(), name="frontend-listener")
+
+    def fail_all_threadsafe(self, reason: str) -> None:
+        """A worker died: fail every live and future request with 503 (from any thread)."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._fail_all, reason)
+
+    def _fail_all(self, reason: str) -> None:
+        self.dead = reason
+        for inbox in {id(b): b for b in self._inboxes.values()}.values():
+            for rid in sorted(inbox.unfinished):
+                inbox.push(ErrorMsg(rid, reason, 503))
 
     async def close(self) -> None:
         if self._listener is not None:
@@ -104,6 +118,10 @@ class FrontendManager:
         return inbox
 
     async def submit(self, msgs: list[TokenizeMsg]) -> None:
+        if self.dead is not None:
+            for msg in msgs:
+                self._inboxes[msg.rid].push(ErrorMsg(msg.rid, self.dead, 503))
+            return
         for msg in msgs:
             await self.to_tokenizer.put(msg)
 

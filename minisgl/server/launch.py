@@ -228,6 +228,9 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         logger.info("interrupted: shutting down")
     finally:
+        # A second Ctrl-C / SIGTERM must not interrupt the teardown itself.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         procs.shutdown()
         if sock is not None:
             sock.close()
@@ -253,6 +256,8 @@ def _serve(config: ServerConfig, procs: ServiceProcesses, sock: socket.socket, s
 
     def on_death(name: str) -> None:
         failed.append(name)
+        if state.frontend is not None:
+            state.frontend.fail_all_threadsafe(f"the {name} process died; the service is shutting down")
         server.should_exit = True
         # If the graceful path stalls, do not hang: tear down and leave.
         timer = threading.Timer(5.0, lambda: (procs.shutdown(grace=1.0), os._exit(1)))
