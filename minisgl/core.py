@@ -88,6 +88,7 @@ class Req:
     cache_handle: Any = None  # locked prefix-cache node, or None
     finish_reason: FinishReason | None = None
     arrival: int = 0  # admission order, used to pick the victim when retracting
+    num_pending: int = 0  # output tokens sampled on the device but not yet known on the host
 
     @property
     def prompt_len(self) -> int:
@@ -116,15 +117,19 @@ class Req:
         1 while decoding; more while (re)filling the prompt, chunk by chunk."""
         return self.total_len - self.cached_len
 
-    def check_finished(self) -> FinishReason | None:
-        """Decide whether the newest output token ends the request."""
-        if not self.output_ids:
-            return None
-        last = self.output_ids[-1]
-        if not self.sampling.ignore_eos and last in self.eos_ids:
+    def finish_reason_at(self, index: int) -> FinishReason | None:
+        """Whether output token `index` ends the request (tokens after it are then dropped)."""
+        token = self.output_ids[index]
+        count = index + 1
+        if not self.sampling.ignore_eos and token in self.eos_ids:
             return "stop"
-        if last in self.sampling.stop_token_ids:
+        if token in self.sampling.stop_token_ids:
             return "stop"
-        if self.output_len >= self.sampling.max_tokens or self.total_len >= self.max_total_len:
+        if count >= self.sampling.max_tokens or self.prompt_len + count >= self.max_total_len:
             return "length"
         return None
+
+    @property
+    def done_by_length(self) -> bool:
+        """Already at max_tokens or the context limit (possibly counting pending tokens)."""
+        return self.output_len >= self.sampling.max_tokens or self.total_len >= self.max_total_len

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -44,6 +45,24 @@ class StepPlan:
     table_rows: list[int] = field(default_factory=list)
     table_pos: list[int] = field(default_factory=list)
     table_slots: list[int] = field(default_factory=list)
+    # (token index in this step, index into the in-flight step's sampled tokens): inputs not yet
+    # known on the host (overlap scheduling).
+    from_prev: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class LaunchedStep:
+    """A step queued on the device: its sampled tokens (device) and their host copy in flight."""
+
+    sampled_reqs: list[Req]
+    tokens: torch.Tensor  # [S] on the device
+    host: torch.Tensor  # [S] pinned host copy, valid once `event` completes
+    event: Any
+
+    def result(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
 
 
 @dataclass
@@ -157,7 +176,15 @@ class Engine:
         return self.config.max_running_requests
 
     # ----------------------------------------------------------------------------------------
-    def build_batch(self, plan: StepPlan) -> ForwardBatch:
+    def _upload(self, parts: list[list[int]]) -> list[torch.Tensor]:
+        """Copy several host int lists to the device in one transfer (pinned, non-blocking on CUDA,
+        so the host never waits for the GPU here); returns int64 device views, one per list."""
+        flat = [x for part in parts for x in part]
+        host = torch.tensor(flat, dtype=torch.int64, pin_memory=self.platform.pin_memory)
+        dev = host.to(self.device, non_blocking=True)
+        return list(dev.split([len(part) for part in parts]))
+
+    def build_batch(self, plan: StepPlan, prev: LaunchedStep | None = None) -> ForwardBatch:
         input_ids: list[int] = []
         positions: list[int] = []
         rows_per_token: list[int] = []
@@ -166,8 +193,7 @@ class Engine:
             assert req.row is not None and req.extend_len > 0
             begin, end = req.cached_len, req.cached_len + req.extend_len
             starts.append(len(input_ids))
-            ids = req.all_ids
-            input_ids.extend(ids[begin:end])
+            input_ids.extend(req.all_ids[begin:end])
             positions.extend(range(begin, end))
             rows_per_token.extend([req.row] * req.extend_len)
             rows.append(req.row)
@@ -176,28 +202,31 @@ class Engine:
             if end == req.total_len:
                 sample_idx.append(len(input_ids) - 1)
         assert len(plan.out_loc) == len(input_ids)
-        dev = self.device
-        as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
-        out_loc = as_long(plan.out_loc)
-        pos_t = as_long(positions)
-        table_rows = as_long(rows_per_token + plan.table_rows)
-        table_pos = torch.cat([pos_t, as_long(plan.table_pos)]) if plan.table_pos else pos_t
-        table_slots = torch.cat([out_loc, as_long(plan.table_slots)]) if plan.table_slots else out_loc
-        self.token_table[table_rows, table_pos] = table_slots.to(torch.int32)
-        phase = "decode" if all(n == 1 for n in ext_lens) else "extend"
+        dst, src = [t for t, _ in plan.from_prev], [j for _, j in plan.from_prev]
+        (ids_t, pos_t, out_loc, table_rows, table_pos, table_slots, rows_t, seq_t, ext_t, starts_t, sample_t,
+         dst_t, src_t) = self._upload([
+            input_ids, positions, plan.out_loc, rows_per_token + plan.table_rows, plan.table_pos,
+            plan.table_slots, rows, seq_lens, ext_lens, starts, sample_idx, dst, src,
+        ])  # fmt: skip
+        if dst:
+            # Tokens sampled by the step still in flight: read them on the device.
+            assert prev is not None
+            ids_t = ids_t.clone()
+            ids_t[dst_t] = prev.tokens[src_t]
+        self.token_table[table_rows, torch.cat([pos_t, table_pos])] = torch.cat([out_loc, table_slots]).to(torch.int32)
         return ForwardBatch(
-            phase=phase,
-            input_ids=as_long(input_ids),
+            phase="decode" if all(n == 1 for n in ext_lens) else "extend",
+            input_ids=ids_t,
             positions=pos_t,
             out_loc=out_loc,
-            rows=as_long(rows),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            extend_lens=torch.tensor(ext_lens, dtype=torch.int32, device=dev),
-            extend_starts=torch.tensor(starts, dtype=torch.int32, device=dev),
+            rows=rows_t,
+            seq_lens=seq_t.to(torch.int32),
+            extend_lens=ext_t.to(torch.int32),
+            extend_starts=starts_t.to(torch.int32),
             token_table=self.token_table,
             seq_lens_cpu=seq_lens,
             extend_lens_cpu=ext_lens,
-            sample_idx=as_long(sample_idx),
+            sample_idx=sample_t,
         )
 
     @torch.inference_mode()
@@ -206,14 +235,26 @@ class Engine:
         return self.runner.run(batch)
 
     @torch.inference_mode()
-    def step(self, plan: StepPlan) -> ForwardOut:
-        batch = self.build_batch(plan)
+    def launch(self, plan: StepPlan, prev: LaunchedStep | None = None) -> LaunchedStep:
+        """Queue one step on the device and return at once; `result()` waits for its tokens.
+
+        `prev` is the step still in flight whose sampled tokens this plan reads (`plan.from_prev`)."""
+        batch = self.build_batch(plan, prev)
         logits = self.forward_logits(batch)
         sampled = [req for req in plan.reqs if req.cached_len + req.extend_len == req.total_len]
         if not sampled:
-            return ForwardOut([], [])
+            empty = torch.empty(0, dtype=torch.int64, device=self.device)
+            return LaunchedStep([], empty, empty.cpu(), None)
         sampling = SamplingBatch.build(
             [req.sampling for req in sampled], [req.output_len for req in sampled], logits.shape[-1], self.device
         )
-        next_tokens = self.sampler.sample(logits, sampling)
-        return ForwardOut(sampled, next_tokens.tolist())
+        tokens = self.sampler.sample(logits, sampling)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=self.platform.pin_memory)
+        host.copy_(tokens, non_blocking=True)
+        event = self.platform.new_event()
+        event.record()
+        return LaunchedStep(sampled, tokens, host, event)
+
+    def step(self, plan: StepPlan) -> ForwardOut:
+        launched = self.launch(plan)
+        return ForwardOut(launched.sampled_reqs, launched.result())

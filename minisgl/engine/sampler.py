@@ -41,6 +41,12 @@ def hashed_uniform(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     return (_shr(z, 40).float() + 0.5) * (1.0 / (1 << 24))
 
 
+def _upload(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Host list -> device tensor without making the host wait for queued GPU work."""
+    pinned = device.type == "cuda"
+    return torch.tensor(values, dtype=dtype, pin_memory=pinned).to(device, non_blocking=True)
+
+
 @dataclass
 class SamplingBatch:
     """Sampling controls of the rows being sampled, as device tensors (built once per step)."""
@@ -60,19 +66,20 @@ class SamplingBatch:
         if all_greedy:
             empty = torch.empty(0, device=device)
             return SamplingBatch(True, empty, empty.bool(), None, None, None, None, None)
-        temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=device)
-        greedy = torch.tensor([p.greedy for p in params], device=device)
+        f32, i64 = torch.float32, torch.int64
+        temperature = _upload([p.temperature if not p.greedy else 1.0 for p in params], f32, device)
+        greedy = _upload([p.greedy for p in params], torch.bool, device)
         top_k = None
         if any(p.top_k is not None for p in params):
-            top_k = torch.tensor([min(p.top_k or vocab, vocab) for p in params], device=device)
-        top_p = torch.tensor([p.top_p for p in params], device=device) if any(p.top_p < 1 for p in params) else None
-        min_p = torch.tensor([p.min_p for p in params], device=device) if any(p.min_p > 0 for p in params) else None
+            top_k = _upload([min(p.top_k or vocab, vocab) for p in params], i64, device)
+        top_p = _upload([p.top_p for p in params], f32, device) if any(p.top_p < 1 for p in params) else None
+        min_p = _upload([p.min_p for p in params], f32, device) if any(p.min_p > 0 for p in params) else None
         seeded = [i for i, p in enumerate(params) if p.seed is not None and not p.greedy]
         seeded_rows = seed_keys = None
         if seeded:
-            seeded_rows = torch.tensor(seeded, device=device)
+            seeded_rows = _upload(seeded, i64, device)
             keys = [_signed(int(params[i].seed) * 1_000_003 + steps[i]) for i in seeded]  # type: ignore[arg-type]
-            seed_keys = torch.tensor(keys, dtype=torch.int64, device=device)
+            seed_keys = _upload(keys, i64, device)
         return SamplingBatch(False, temperature, greedy, top_k, top_p, min_p, seeded_rows, seed_keys)
 
 

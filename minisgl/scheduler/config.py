@@ -11,6 +11,9 @@ class SchedulerConfig:
     cache: Literal["radix", "naive"] = "radix"
     # Pages kept back per running request for decode growth when admitting new requests.
     decode_reserve_tokens: int = 64
+    # Plan step N+1 while step N runs. None: on where the device is asynchronous (CUDA) unless
+    # MINISGL_DISABLE_OVERLAP=1. Forcing it on CPU exercises the same code path in tests.
+    overlap: bool | None = None
 
     def __post_init__(self) -> None:
         if self.max_running_requests < 1:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 
 from minisgl.core import Req, SamplingParams
 from minisgl.engine.config import EngineConfig
-from minisgl.engine.engine import Engine, StepPlan
+from minisgl.engine.engine import Engine, LaunchedStep, StepPlan
+from minisgl.env import ENV
 from minisgl.kvcache import PageAllocator, create_prefix_cache
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.utils.logging import get_logger
@@ -31,6 +32,14 @@ class ReqOutput:
     output_tokens: int
 
 
+@dataclass
+class InFlight:
+    """A launched step and, per sampled request, the output index its token will fill."""
+
+    step: LaunchedStep
+    marks: list[tuple[Req, int]]
+
+
 @dataclass(frozen=True)
 class SchedulerStats:
     total_pages: int
@@ -46,7 +55,12 @@ def _pages_for(tokens: int, page_size: int) -> int:
 
 
 class Scheduler:
-    def __init__(self, engine_config: EngineConfig, sched_config: SchedulerConfig, engine: Engine | None = None) -> None:
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        sched_config: SchedulerConfig,
+        engine: Engine | None = None,
+    ) -> None:
         self.config = sched_config
         if engine is None:
             engine_config = replace(engine_config, max_running_requests=sched_config.max_running_requests)
@@ -65,6 +79,10 @@ class Scheduler:
         self._arrival = itertools.count()
         self._pending_table: tuple[list[int], list[int], list[int]] = ([], [], [])
         self.num_retractions = 0
+        # Overlap pays only where the device runs asynchronously to the host.
+        overlap = sched_config.overlap
+        self.overlap = engine.platform.name == "cuda" and not ENV.disable_overlap if overlap is None else overlap
+        self._inflight: InFlight | None = None
 
     # ---------------------------------------------------------------- public API
     def add_request(self, rid: int, prompt_ids: list[int], sampling: SamplingParams) -> None:
@@ -102,7 +120,7 @@ class Scheduler:
         return True
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._inflight)
 
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
@@ -127,45 +145,79 @@ class Scheduler:
 
     # ---------------------------------------------------------------- one step
     def step(self) -> list[ReqOutput]:
+        """Plan and launch one step; return the outputs of the step that completed.
+
+        Without overlap that is this step. With overlap (CUDA), the step launched last time
+        completes while this one runs, so the host plans step N+1 while the GPU computes step N;
+        inputs not yet known on the host are read on the device (`StepPlan.from_prev`)."""
         plan = self._plan()
-        if plan is None:
-            return []
-        out = self.engine.step(plan)
-        sampled = {id(req): tok for req, tok in zip(out.sampled_reqs, out.next_tokens)}
+        launched: InFlight | None = None
+        if plan is not None:
+            step = self.engine.launch(plan, self._inflight.step if self._inflight else None)
+            launched = InFlight(step, self._advance(plan, step.sampled_reqs))
         outputs: list[ReqOutput] = []
+        if self.overlap:
+            previous, self._inflight = self._inflight, launched
+            if previous is not None:
+                outputs = self._complete(previous)
+        elif launched is not None:
+            outputs = self._complete(launched)
+        if not self.running and self._inflight is None:
+            self.check_idle_invariants()
+        return outputs
+
+    def _advance(self, plan: StepPlan, sampled: list[Req]) -> list[tuple[Req, int]]:
+        """Account for a launched step before its tokens are known: KV is computed, and each
+        sampling request holds a placeholder output token until `_complete`."""
         for req in plan.reqs:
             req.cached_len += req.extend_len
             req.extend_len = 0
-            token = sampled.get(id(req))
-            if token is None:
+        marks = []
+        for req in sampled:
+            req.output_ids.append(0)  # placeholder, filled in by _complete
+            req.num_pending += 1
+            marks.append((req, req.output_len - 1))
+        sampled_ids = {id(req) for req in sampled}
+        for req in plan.reqs:
+            if id(req) not in sampled_ids:
                 self._cache_prefix(req)  # a prefill chunk: share what is done so far
-                continue
-            req.output_ids.append(token)
-            req.finish_reason = req.check_finished()
-            outputs.append(
-                ReqOutput(req.rid, [token], req.finish_reason, req.prompt_len, req.prefix_len, req.output_len)
-            )
+        return marks
+
+    def _complete(self, inflight: "InFlight") -> list[ReqOutput]:
+        tokens = inflight.step.result()
+        outputs: list[ReqOutput] = []
+        for (req, index), token in zip(inflight.marks, tokens):
+            req.num_pending -= 1
             if req.finished:
-                self.running.remove(req)
+                continue  # aborted, or ended by an earlier token while this step was in flight
+            req.output_ids[index] = token
+            reason = req.finish_reason_at(index)
+            if reason is not None:
+                del req.output_ids[index + 1 :]  # tokens sampled after the end are dropped
+                req.finish_reason = reason
                 self.reqs.pop(req.rid, None)
-                self._release(req)
-        if not self.running:
-            self.check_idle_invariants()
+                if req.row is not None:
+                    self.running.remove(req)
+                    self._release(req)
+                else:
+                    self.waiting.remove(req)  # retracted while its last token was in flight
+            outputs.append(ReqOutput(req.rid, [token], reason, req.prompt_len, req.prefix_len, index + 1))
         return outputs
 
     def _plan(self) -> StepPlan | None:
         while True:
-            plan = self._try_plan()
-            if plan is not None or not self.running:
+            plan, starved = self._try_plan()
+            if plan is not None or not starved:
                 return plan
-            # Running requests exist but none could get a page: give one back and try again.
-            self._retract(self.running[-1])
+            # Running requests need pages and none could get any: give one back and try again.
+            self._retract(max(self.running, key=lambda r: r.arrival))
 
-    def _try_plan(self) -> StepPlan | None:
+    def _try_plan(self) -> tuple[StepPlan | None, bool]:
         chosen: list[Req] = []
+        starved = False
         # 1. Decodes: one token each; retract the newest requests if their pages run out.
         for req in list(self.running):
-            if req.uncomputed_len != 1 or req not in self.running:
+            if req.uncomputed_len != 1 or req not in self.running or req.done_by_length:
                 continue
             while not self._reserve(req, 1):
                 victim = max(self.running, key=lambda r: r.arrival)
@@ -187,9 +239,11 @@ class Scheduler:
                     req.extend_len = chunk
                     budget -= chunk
                     chosen.append(req)
+                else:
+                    starved = True
         while budget > 0 and self.waiting and self.free_rows:
             req = self.waiting[0]
-            if not self._admit(req):
+            if req.num_pending or not self._admit(req):
                 break
             self.waiting.popleft()
             chunk = min(req.uncomputed_len, budget)
@@ -200,19 +254,25 @@ class Scheduler:
             budget -= chunk
             chosen.append(req)
         if not chosen:
-            return None
-        return self._build_plan(chosen)
+            return None, starved and bool(self.running)
+        return self._build_plan(chosen), False
 
     def _build_plan(self, reqs: list[Req]) -> StepPlan:
         ps = self.page_size
         out_loc: list[int] = []
         rows, pos, slots = self._pending_table
         self._pending_table = ([], [], [])
+        pending = {id(req): j for j, (req, _) in enumerate(self._inflight.marks)} if self._inflight else {}
+        from_prev: list[tuple[int, int]] = []
         for req in reqs:
             pages = req.pages
-            for p in range(req.cached_len, req.cached_len + req.extend_len):
+            end = req.cached_len + req.extend_len
+            if req.num_pending and end == req.total_len:
+                # Its newest input token is still being sampled by the step in flight.
+                from_prev.append((len(out_loc) + req.extend_len - 1, pending[id(req)]))
+            for p in range(req.cached_len, end):
                 out_loc.append(pages[p // ps] * ps + p % ps)
-        return StepPlan(reqs, out_loc, rows, pos, slots)
+        return StepPlan(reqs, out_loc, rows, pos, slots, from_prev)
 
     # ---------------------------------------------------------------- pages and rows
     def _alloc_pages(self, n: int) -> list[int] | None:

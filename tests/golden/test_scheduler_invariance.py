@@ -24,7 +24,8 @@ def _prompts(count: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(3, 512) for _ in range(rng.randrange(1, 120))] for _ in range(count)]
 
 
-def test_batch_invariance_under_chunking_and_preemption(model_dir):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_batch_invariance_under_chunking_and_preemption(model_dir, overlap):
     prompts = _prompts(24)
     max_tokens = [16 + (i * 7) % 40 for i in range(len(prompts))]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
@@ -34,7 +35,8 @@ def test_batch_invariance_under_chunking_and_preemption(model_dir):
     # 48 pages of 4 tokens cannot hold 24 requests of up to ~160 tokens: admission stalls,
     # decodes retract requests and the prefix cache is evicted; a 16-token budget chunks prompts.
     # A 1-token decode reserve admits optimistically, so running requests must be retracted.
-    sched = SchedulerConfig(max_running_requests=24, max_prefill_tokens=16, decode_reserve_tokens=1)
+    sched = SchedulerConfig(max_running_requests=24, max_prefill_tokens=16, decode_reserve_tokens=1,
+                            overlap=overlap)
     tight = LLM(model_dir, device="cpu", page_size=4, num_pages=48, scheduler_config=sched)
     batched = tight.generate(prompts, params, use_tqdm=False)
     assert tight.scheduler.num_retractions > 0, "the test must force preemption"
