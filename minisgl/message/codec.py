@@ -11,13 +11,19 @@ in field order, so nested objects and lists of them round-trip. Decoding maps th
 through the registry filled at import time: nothing is looked up by name and nothing is pickled.
 Field values must be msgpack-native (None, bool, int, float, str, bytes, list, dict) or registered
 wire types. Tuples come back as lists.
+
+Hot path: a field annotated `list[X]`, X a wire type registered earlier, is packed as rows of X's
+field values (no per-element ext wrapper), so one step's batch of outputs costs a few hundred
+nanoseconds per request instead of microseconds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
+import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgpack
 
@@ -25,10 +31,43 @@ T = TypeVar("T")
 
 _EXT_CODE = 1  # msgpack ext type code used for every registered dataclass
 
-# tag -> (class, names of its init fields in order)
-_BY_TAG: dict[int, tuple[type, tuple[str, ...]]] = {}
-# class -> (tag, names of its init fields in order)
-_BY_CLASS: dict[type, tuple[int, tuple[str, ...]]] = {}
+class _Rows(NamedTuple):
+    """A `list[X]` field packed as rows of X's fields."""
+
+    index: int  # position among the message's fields
+    cls: type
+    getter: Callable[[Any], Any]  # X instance -> tuple of its field values
+
+
+class _Entry(NamedTuple):
+    tag: int
+    cls: type
+    names: tuple[str, ...]  # init fields, in order
+    rows: tuple[_Rows, ...]
+
+
+_BY_TAG: dict[int, _Entry] = {}
+_BY_CLASS: dict[type, _Entry] = {}
+
+
+def _row_fields(cls: type, names: tuple[str, ...]) -> tuple[_Rows, ...]:
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # unresolvable annotation: use the generic path for every field
+        return ()
+    rows: list[_Rows] = []
+    for i, name in enumerate(names):
+        hint = hints.get(name)
+        if typing.get_origin(hint) is list:
+            (item,) = typing.get_args(hint) or (None,)
+            entry = _BY_CLASS.get(item)  # type: ignore[arg-type]
+            if entry is not None and len(entry.names) > 0:
+                getter = operator.attrgetter(*entry.names)
+                if len(entry.names) == 1:  # attrgetter of one name returns the bare value
+                    single = getter
+                    getter = lambda obj, _g=single: (_g(obj),)  # noqa: E731
+                rows.append(_Rows(i, entry.cls, getter))
+    return tuple(rows)
 
 
 def wire(tag: int) -> Callable[[type[T]], type[T]]:
@@ -40,10 +79,11 @@ def wire(tag: int) -> Callable[[type[T]], type[T]]:
         if not 0 <= tag <= 0xFFFF:
             raise ValueError(f"wire tag {tag} out of range")
         if tag in _BY_TAG:
-            raise ValueError(f"wire tag {tag} of {cls.__name__} is already used by {_BY_TAG[tag][0].__name__}")
+            raise ValueError(f"wire tag {tag} of {cls.__name__} is already used by {_BY_TAG[tag].cls.__name__}")
         names = tuple(f.name for f in dataclasses.fields(cls) if f.init)
-        _BY_TAG[tag] = (cls, names)
-        _BY_CLASS[cls] = (tag, names)
+        entry = _Entry(tag, cls, names, _row_fields(cls, names))
+        _BY_TAG[tag] = entry
+        _BY_CLASS[cls] = entry
         return cls
 
     return register
@@ -51,16 +91,17 @@ def wire(tag: int) -> Callable[[type[T]], type[T]]:
 
 def registered_types() -> dict[int, type]:
     """Every registered wire type by tag (used by the round-trip tests)."""
-    return {tag: cls for tag, (cls, _) in _BY_TAG.items()}
+    return {tag: entry.cls for tag, entry in _BY_TAG.items()}
 
 
 def _default(obj: Any) -> Any:
     entry = _BY_CLASS.get(type(obj))
     if entry is None:
         raise TypeError(f"cannot encode {type(obj).__name__}: not a registered wire type")
-    tag, names = entry
-    payload = [tag]
-    payload.extend(getattr(obj, name) for name in names)
+    payload: list[Any] = [entry.tag]
+    payload.extend(getattr(obj, name) for name in entry.names)
+    for rows in entry.rows:
+        payload[rows.index + 1] = [rows.getter(item) for item in payload[rows.index + 1]]
     return msgpack.ExtType(_EXT_CODE, msgpack.packb(payload, default=_default, use_bin_type=True))
 
 
@@ -71,10 +112,12 @@ def _ext_hook(code: int, data: bytes) -> Any:
     entry = _BY_TAG.get(tag)
     if entry is None:
         raise ValueError(f"unknown wire tag {tag}")
-    cls, names = entry
-    if len(values) != len(names):
-        raise ValueError(f"{cls.__name__}: expected {len(names)} fields, got {len(values)}")
-    return cls(*values)
+    if len(values) != len(entry.names):
+        raise ValueError(f"{entry.cls.__name__}: expected {len(entry.names)} fields, got {len(values)}")
+    for rows in entry.rows:
+        item_cls = rows.cls
+        values[rows.index] = [item_cls(*row) for row in values[rows.index]]
+    return entry.cls(*values)
 
 
 def encode(obj: Any) -> bytes:
