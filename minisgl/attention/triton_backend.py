@@ -20,6 +20,7 @@ from minisgl.kernels.attention import (
     decode_num_splits,
     extend_attention,
 )
+from minisgl.kernels.store_kv import store_kv
 from minisgl.kvcache.pool import KVPool
 
 
@@ -81,8 +82,9 @@ class TritonAttnBackend(BaseAttnBackend):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
     ) -> torch.Tensor:
-        self.pool.store(layer_id, batch.out_loc, k, v)
         k_cache, v_cache = self.pool.k[layer_id], self.pool.v[layer_id]
+        kv_shape = (-1, self.num_kv_heads, self.head_dim)
+        store_kv(k.view(kv_shape), v.view(kv_shape), k_cache, v_cache, batch.out_loc)
         q = q.view(-1, self.num_heads, self.head_dim)
         meta = batch.attn_meta
         if isinstance(meta, TritonDecodeMeta):

@@ -32,6 +32,7 @@ from minisgl.kernels.attention import (  # noqa: E402
     is_interpreted,
 )
 from minisgl.kernels.attention_ref import decode_attention_ref, extend_attention_ref  # noqa: E402
+from minisgl.kernels.store_kv import store_kv, store_kv_ref  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytestmark = pytest.mark.skipif(
@@ -347,3 +348,15 @@ def test_backend_cuda_graph_capture_and_replay() -> None:
     assert torch.equal(pool.k[0][live_loc], static_kv[0, :5]), "the replay stored the new keys"
     assert_close(out[:5], expected, torch.bfloat16)
     assert torch.all(out[5:] == 0)
+
+
+@pytest.mark.parametrize("num_kv_heads,head_dim", [(3, 64), (2, 128)])
+def test_store_kv_matches_ref(num_kv_heads: int, head_dim: int) -> None:
+    gen = torch.Generator().manual_seed(9)
+    # k and v as strided views of one fused projection output, as attention layers produce them.
+    kv = torch.randn(7, 2, num_kv_heads, head_dim, generator=gen).to(DEVICE)
+    out_loc = torch.randperm(40, generator=gen)[:7].to(DEVICE)
+    caches = [torch.zeros(40, num_kv_heads, head_dim, device=DEVICE) for _ in range(4)]
+    store_kv(kv[:, 0], kv[:, 1], caches[0], caches[1], out_loc)
+    store_kv_ref(kv[:, 0], kv[:, 1], caches[2], caches[3], out_loc)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
