@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -139,14 +140,14 @@ def dense_causal_attention(case: PagedCase, q: torch.Tensor, sm_scale: float) ->
     return out
 
 
-def run_extend(case: PagedCase, sm_scale: float, **blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+def run_extend(case: PagedCase, sm_scale: float, **blocks: Any) -> tuple[torch.Tensor, torch.Tensor]:
     args = (case.q, case.k_cache, case.v_cache, case.token_table, case.rows, case.seq_lens,
             case.extend_lens, case.extend_starts, sm_scale)  # fmt: skip
     max_extend_len = int(case.extend_lens.max())
     return extend_attention(*args, max_extend_len=max_extend_len, **blocks), extend_attention_ref(*args)
 
 
-def run_decode(case: PagedCase, sm_scale: float, **launch: int) -> tuple[torch.Tensor, torch.Tensor]:
+def run_decode(case: PagedCase, sm_scale: float, **launch: Any) -> tuple[torch.Tensor, torch.Tensor]:
     args = (case.q, case.k_cache, case.v_cache, case.token_table, case.rows, case.seq_lens, sm_scale)
     return decode_attention(*args, **launch), decode_attention_ref(*args)
 
@@ -283,7 +284,7 @@ def test_decode_cuda_graph_replay() -> None:
     case = build_case([2999, 15], [1, 1], 8, 2, 128, 16, torch.bfloat16, seed=7)
     mid_o, mid_lse = alloc_decode_buffers(2, 8, 128, MAX_DECODE_SPLITS, DEVICE)
     args = (case.q, case.k_cache, case.v_cache, case.token_table, case.rows, case.seq_lens, 128**-0.5)
-    launch = dict(num_splits=MAX_DECODE_SPLITS, mid_o=mid_o, mid_lse=mid_lse)
+    launch: dict[str, Any] = dict(num_splits=MAX_DECODE_SPLITS, mid_o=mid_o, mid_lse=mid_lse)
     out = decode_attention(*args, **launch)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
