@@ -8,7 +8,7 @@ between the same steps and schedule identically. Only rank 0 sends results.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from minisgl.engine.config import EngineConfig
@@ -112,8 +112,34 @@ class SchedulerLoop:
                 q.close()
 
 
+def _init_tensor_parallel(engine_config: EngineConfig, dist_port: int | None) -> EngineConfig:
+    """Join the TP process group (rank r on cuda:r when on GPU); returns the per-rank config."""
+    if engine_config.tp_size == 1:
+        return engine_config
+    import torch
+    import torch.distributed as dist
+
+    from minisgl.platform import init_platform
+
+    rank, size = engine_config.tp_rank, engine_config.tp_size
+    device = engine_config.device
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        device = f"cuda:{rank}"
+    platform = init_platform(device)
+    if dist_port is None:
+        raise ValueError("tensor parallelism needs a rendezvous port")
+    dist.init_process_group(
+        backend=platform.dist_backend, init_method=f"tcp://127.0.0.1:{dist_port}", rank=rank, world_size=size
+    )
+    return replace(engine_config, device=device)
+
+
 def run_scheduler(
-    engine_config: EngineConfig, sched_config: SchedulerConfig, addrs: SchedulerAddrs, ready: ReadyReporter
+    engine_config: EngineConfig,
+    sched_config: SchedulerConfig,
+    addrs: SchedulerAddrs,
+    ready: ReadyReporter,
+    dist_port: int | None = None,
 ) -> None:
     """Process entry point of one TP rank: build the scheduler (loads the model), report ready,
     then serve until told to stop."""
@@ -121,6 +147,7 @@ def run_scheduler(
 
     from minisgl.scheduler.scheduler import Scheduler
 
+    engine_config = _init_tensor_parallel(engine_config, dist_port)
     with torch.inference_mode():
         scheduler = Scheduler(engine_config, sched_config)
         loop = SchedulerLoop(scheduler, addrs, engine_config.tp_rank)

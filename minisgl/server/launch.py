@@ -58,10 +58,12 @@ class ServiceProcesses:
         self.frontend_addrs = FrontendAddrs(recv=a["frontend"], tokenizer=a["tokenizer"], scheduler=rank_addrs[0])
         self._specs: list[tuple[str, Callable[..., None], dict[str, Any]]] = []
         engine = replace(config.engine, model=model_dir)
+        dist_port = _free_port() if tp > 1 else None
         for rank in range(tp):
             addrs = SchedulerAddrs(recv=rank_addrs[rank], detokenizer=a["detokenizer"], frontend=a["frontend"],
                                    relay=tuple(rank_addrs[1:]) if rank == 0 else ())  # fmt: skip
-            kwargs = dict(engine_config=replace(engine, tp_rank=rank), sched_config=config.sched, addrs=addrs)
+            kwargs = dict(engine_config=replace(engine, tp_rank=rank), sched_config=config.sched, addrs=addrs,
+                          dist_port=dist_port)  # fmt: skip
             self._specs.append((f"scheduler-{rank}", run_scheduler, kwargs))
         tok = TokenizerAddrs(recv=a["tokenizer"], scheduler=rank_addrs[0], detokenizer=a["detokenizer"],
                              frontend=a["frontend"])  # fmt: skip
@@ -173,6 +175,12 @@ def context_len_of(model_dir: str, max_model_len: int | None) -> int:
     if max_model_len is not None:
         limit = min(limit, max_model_len)
     return limit
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _bind(host: str, port: int) -> socket.socket:
