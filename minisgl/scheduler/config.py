@@ -7,7 +7,7 @@ from typing import Literal
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_running_requests: int = 256
-    max_prefill_tokens: int = 8192  # token budget of one step (prefill chunks + decodes)
+    max_prefill_tokens: int = 8192  # prefill tokens per step (decodes are not counted)
     cache: Literal["radix", "naive"] = "radix"
     # Pages kept back per running request for decode growth when admitting new requests.
     decode_reserve_tokens: int = 64

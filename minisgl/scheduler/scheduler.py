@@ -169,6 +169,7 @@ class Scheduler:
     def _advance(self, plan: StepPlan, sampled: list[Req]) -> list[tuple[Req, int]]:
         """Account for a launched step before its tokens are known: KV is computed, and each
         sampling request holds a placeholder output token until `_complete`."""
+        prefilled = [req for req in plan.reqs if req.extend_len > 1]
         for req in plan.reqs:
             req.cached_len += req.extend_len
             req.extend_len = 0
@@ -177,10 +178,10 @@ class Scheduler:
             req.output_ids.append(0)  # placeholder, filled in by _complete
             req.num_pending += 1
             marks.append((req, req.output_len - 1))
-        sampled_ids = {id(req) for req in sampled}
-        for req in plan.reqs:
-            if id(req) not in sampled_ids:
-                self._cache_prefix(req)  # a prefill chunk: share what is done so far
+        for req in prefilled:
+            # Share a prefill (chunk) at once: concurrent requests with the same prefix (a system
+            # prompt, n > 1 samples) then match it instead of computing it again.
+            self._cache_prefix(req)
         return marks
 
     def _complete(self, inflight: "InFlight") -> list[ReqOutput]:
@@ -361,6 +362,10 @@ class Scheduler:
         else:
             owned_from = req.shared_pages
         self.allocator.free(req.pages[owned_from:])
+        rows, pos, slots = self._pending_table
+        if req.row in rows:  # deferred table entries must not reach the row's next owner
+            keep = [i for i, row in enumerate(rows) if row != req.row]
+            self._pending_table = ([rows[i] for i in keep], [pos[i] for i in keep], [slots[i] for i in keep])
         if req.cache_handle is not None:
             self.cache.unlock(req.cache_handle)
         req.cache_handle = None
