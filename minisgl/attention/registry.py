@@ -21,6 +21,13 @@ def _create_torch(pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int
 
 @ATTN_BACKENDS.register("triton", platforms=("cuda", "cpu-interpret"))
 def _create_triton(pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, sm_scale: float) -> BaseAttnBackend:
+    if pool.k[0].device.type == "cpu":
+        # Only reachable with TRITON_INTERPRET=1 (see select_attn_backend): set the interpreter
+        # up before the kernels' module imports triton.
+        from minisgl.kernels.interpret import use_triton_interpreter
+
+        if not use_triton_interpreter():
+            raise ValueError("triton was imported before the interpreter could be enabled")
     from minisgl.attention.triton_backend import create_triton_backend
 
     return create_triton_backend(pool, num_heads, num_kv_heads, head_dim, sm_scale)
