@@ -9,6 +9,7 @@ by themselves when the launcher disappears.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import signal
@@ -211,6 +212,9 @@ def main(argv: list[str] | None = None) -> None:
     except (ModelSourceError, ValueError, OSError, KeyError) as exc:
         fail(f"cannot load model {config.engine.model or '(default)'}: {exc}")
     served = config.served_model_name or _default_name(config.engine.model, model_dir)
+    if config.shell:  # the terminal is for the conversation
+        logging.getLogger("minisgl").setLevel(logging.WARNING)
+        print(f"loading {served}...", flush=True)
     sock = None if config.shell else _bind(config.host, config.port)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     procs = ServiceProcesses(config, model_dir, context_len)

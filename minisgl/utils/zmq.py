@@ -19,6 +19,7 @@ from minisgl.message.codec import decode, encode
 
 T = TypeVar("T")
 
+_BLOCK_SLICE_MS = 200
 _SYNC_CTX: zmq.Context | None = None
 _ASYNC_CTX: zmq.asyncio.Context | None = None
 
@@ -93,15 +94,25 @@ class ZmqPullQueue(Generic[T]):
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
 
+    def _wait_readable(self) -> None:
+        # Block in slices: a signal (SIGTERM from the launcher) may be delivered to a helper
+        # thread (torch, tokenizers), which does not interrupt a blocking recv; returning to
+        # Python regularly lets the main thread run its handler.
+        while not self._poller.poll(_BLOCK_SLICE_MS):
+            pass
+
     def get(self) -> T:
+        self._wait_readable()
         msg: T = decode(self._sock.recv(copy=True))
         return msg
 
     def get_raw(self) -> bytes:
+        self._wait_readable()
         raw: bytes = self._sock.recv(copy=True)
         return raw
 
     def get_raw_multipart(self) -> list[bytes]:
+        self._wait_readable()
         frames: list[bytes] = self._sock.recv_multipart(copy=True)
         return frames
 
