@@ -34,7 +34,7 @@ _EXT_CODE = 1  # msgpack ext type code used for every registered dataclass
 class _Rows(NamedTuple):
     """A `list[X]` field packed as rows of X's fields."""
 
-    index: int  # position among the message's fields
+    position: int  # among the message's fields
     cls: type
     getter: Callable[[Any], Any]  # X instance -> tuple of its field values
 
@@ -61,12 +61,8 @@ def _row_fields(cls: type, names: tuple[str, ...]) -> tuple[_Rows, ...]:
         if typing.get_origin(hint) is list:
             (item,) = typing.get_args(hint) or (None,)
             entry = _BY_CLASS.get(item)  # type: ignore[arg-type]
-            if entry is not None and len(entry.names) > 0:
-                getter = operator.attrgetter(*entry.names)
-                if len(entry.names) == 1:  # attrgetter of one name returns the bare value
-                    single = getter
-                    getter = lambda obj, _g=single: (_g(obj),)  # noqa: E731
-                rows.append(_Rows(i, entry.cls, getter))
+            if entry is not None and len(entry.names) > 1:  # one name: attrgetter returns no tuple
+                rows.append(_Rows(i, entry.cls, operator.attrgetter(*entry.names)))
     return tuple(rows)
 
 
@@ -101,7 +97,7 @@ def _default(obj: Any) -> Any:
     payload: list[Any] = [entry.tag]
     payload.extend(getattr(obj, name) for name in entry.names)
     for rows in entry.rows:
-        payload[rows.index + 1] = [rows.getter(item) for item in payload[rows.index + 1]]
+        payload[rows.position + 1] = [rows.getter(item) for item in payload[rows.position + 1]]
     return msgpack.ExtType(_EXT_CODE, msgpack.packb(payload, default=_default, use_bin_type=True))
 
 
@@ -116,7 +112,7 @@ def _ext_hook(code: int, data: bytes) -> Any:
         raise ValueError(f"{entry.cls.__name__}: expected {len(entry.names)} fields, got {len(values)}")
     for rows in entry.rows:
         item_cls = rows.cls
-        values[rows.index] = [item_cls(*row) for row in values[rows.index]]
+        values[rows.position] = [item_cls(*row) for row in values[rows.position]]
     return entry.cls(*values)
 
 

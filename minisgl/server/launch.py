@@ -136,7 +136,7 @@ class ServiceProcesses:
             ready = wait(list(sentinels))
             if self._stopping.is_set():
                 return
-            dead = sentinels[ready[0]]
+            dead = sentinels[ready[0]]  # type: ignore[index]
             dead.process.join(0.5)
             logger.error("child process %s (pid %s) died unexpectedly with exit code %s; shutting the service down",
                          dead.name, dead.process.pid, dead.process.exitcode)  # fmt: skip
@@ -272,7 +272,11 @@ def _serve(config: ServerConfig, procs: ServiceProcesses, sock: socket.socket, s
             state.frontend.fail_all_threadsafe(f"the {name} process died; the service is shutting down")
         server.should_exit = True
         # If the graceful path stalls, do not hang: tear down and leave.
-        timer = threading.Timer(5.0, lambda: (procs.shutdown(grace=1.0), os._exit(1)))
+        def give_up() -> None:
+            procs.shutdown(grace=1.0)
+            os._exit(1)
+
+        timer = threading.Timer(5.0, give_up)
         timer.daemon = True
         timer.start()
 
