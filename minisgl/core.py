@@ -106,6 +106,15 @@ class Req:
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def token_slice(self, begin: int, end: int) -> list[int]:
+        """all_ids[begin:end] without building all_ids (the per-step hot path)."""
+        prompt_len = len(self.prompt_ids)
+        if begin >= prompt_len:
+            return self.output_ids[begin - prompt_len : end - prompt_len]
+        if end <= prompt_len:
+            return self.prompt_ids[begin:end]
+        return self.prompt_ids[begin:] + self.output_ids[: end - prompt_len]
+
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -193,7 +193,7 @@ class Engine:
             assert req.row is not None and req.extend_len > 0
             begin, end = req.cached_len, req.cached_len + req.extend_len
             starts.append(len(input_ids))
-            input_ids.extend(req.all_ids[begin:end])
+            input_ids.extend(req.token_slice(begin, end))
             positions.extend(range(begin, end))
             rows_per_token.extend([req.row] * req.extend_len)
             rows.append(req.row)

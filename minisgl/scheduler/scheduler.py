@@ -218,7 +218,7 @@ class Scheduler:
         starved = False
         # 1. Decodes: one token each; retract the newest requests if their pages run out.
         for req in list(self.running):
-            if req.uncomputed_len != 1 or req not in self.running or req.done_by_length:
+            if req.uncomputed_len != 1 or req.row is None or req.done_by_length:  # row None: retracted above
                 continue
             while not self._reserve(req, 1):
                 victim = max(self.running, key=lambda r: r.arrival)
