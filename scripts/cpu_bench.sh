@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# CPU serving benchmark: minisgl (fp32) against llama.cpp's llama-server (an F32 GGUF dequantized
+# from the shipped Q4_1 SmolLM2, and the Q4_1 file itself), every server driven by the same
+# client (`python -m minisgl.bench serve`) with the same text prompts. Prints a markdown table and
+# appends it to BENCHMARKS.md under a dated heading.
+#   bash scripts/cpu_bench.sh
+# Env: RUNS (3), WORKLOADS ("W1 W2 W3"), SERVERS ("minisgl llama-f32 llama-q4_1"), THREADS (2),
+#      MINISGL_ARGS / LLAMA_ARGS (extra server flags), REQUEST_TIMEOUT (s, 1800),
+#      MINISGL_PEER_CACHE (~/.cache/minisgl-peer), BENCH_NOTE (a line for the heading),
+#      NO_APPEND=1 (stdout only).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+CACHE=${MINISGL_PEER_CACHE:-$HOME/.cache/minisgl-peer}
+RUNS=${RUNS:-3}
+WORKLOADS=${WORKLOADS:-"W1 W2 W3"}
+SERVERS=${SERVERS:-"minisgl llama-f32 llama-q4_1"}
+THREADS=${THREADS:-2}
+REQUEST_TIMEOUT=${REQUEST_TIMEOUT:-1800}
+SLOTS=32
+CTX=$((SLOTS * (512 + 128 + 64)))  # 32 slots x (longest W2 prompt + output + margin)
+WORK=$(mktemp -d -t minisgl-bench.XXXXXX)
+RESULTS=$WORK/results.jsonl
+SERVER_PID=""
+
+log() { echo "[cpu-bench] $*" >&2; }
+
+stop_server() {
+    [ -n "$SERVER_PID" ] || return 0
+    if kill -0 "$SERVER_PID" 2>/dev/null; then
+        kill -TERM "$SERVER_PID" 2>/dev/null || true
+        for _ in $(seq 60); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.5; done
+    fi
+    # The server was started in its own session: take down whatever of its group is left.
+    kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+    SERVER_PID=""
+}
+trap 'stop_server; rm -rf "$WORK"' EXIT
+trap 'exit 130' INT TERM
+
+free_port() { "$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
+
+# start_server NAME PORT: launches the server in a new session (so its children can be reaped).
+start_server() {
+    local name=$1 port=$2 logfile=$WORK/$1.log
+    case $name in
+        minisgl)
+            # shellcheck disable=SC2086
+            setsid "$PY" -m minisgl --device cpu --dtype float32 --host 127.0.0.1 --port "$port" \
+                ${MINISGL_ARGS:-} >"$logfile" 2>&1 & ;;
+        llama-f32|llama-q4_1)
+            local model=$F32_GGUF
+            [ "$name" = llama-q4_1 ] && model=$Q41_GGUF
+            # shellcheck disable=SC2086
+            setsid "$LLAMA_SERVER" -m "$model" -t "$THREADS" -tb "$THREADS" -np "$SLOTS" -cb -c "$CTX" \
+                --host 127.0.0.1 --port "$port" ${LLAMA_ARGS:-} >"$logfile" 2>&1 & ;;
+        *) log "unknown server $name"; exit 2 ;;
+    esac
+    SERVER_PID=$!
+    for _ in $(seq 600); do
+        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+            log "$name exited during start-up; its log:"; tail -20 "$logfile" >&2; exit 1
+        fi
+        curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
+        sleep 1
+    done
+    log "$name not healthy after 600 s"; tail -20 "$logfile" >&2; exit 1
+}
+
+# --- the peer and its models ---------------------------------------------------------------------
+needs_llama=0
+case " $SERVERS " in *" llama-"*) needs_llama=1 ;; esac
+Q41_GGUF=$("$PY" -c "from minisgl.models.source import default_gguf_path; print(default_gguf_path())")
+F32_GGUF=$CACHE/models/$(basename "$Q41_GGUF" .Q4_1.gguf).F32.gguf
+LLAMA_SERVER=""
+LLAMA_VERSION="not run"
+if [ "$needs_llama" = 1 ]; then
+    LLAMA_SERVER=$(bash scripts/peer/build_llama_server.sh "$CACHE" | tail -1)
+    LLAMA_VERSION=$("$LLAMA_SERVER" --version 2>&1 | grep -m1 -i version || echo unknown)
+    if [ ! -f "$F32_GGUF" ]; then
+        mkdir -p "$(dirname "$F32_GGUF")"
+        "$PY" scripts/peer/dequant_gguf.py "$Q41_GGUF" "$F32_GGUF"
+    fi
+fi
+
+# --- runs ------------------------------------------------------------------------------------------
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+for server in $SERVERS; do
+    port=$(free_port)
+    log "starting $server on port $port"
+    start_server "$server" "$port"
+    for workload in $WORKLOADS; do
+        log "$server $workload: $RUNS runs"
+        # Exit status 1 means some requests failed; the JSON still says which, so keep going.
+        "$PY" -m minisgl.bench serve --url "http://127.0.0.1:$port" --preset "$workload" --runs "$RUNS" \
+            --tokenizer local --timeout "$REQUEST_TIMEOUT" --label "$server" --json >>"$RESULTS" \
+            || log "$server $workload: some requests failed (see the table)"
+    done
+    stop_server
+done
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# --- report ----------------------------------------------------------------------------------------
+cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1)
+ncpu=$(nproc)
+flags=$(lscpu | grep -o -w -E 'avx512f|avx512_bf16|avx512_vnni|amx_tile|avx2' | sort -u | tr '\n' ' ')
+mem=$(free -g | awk '/^Mem:/ {print $2 " GiB"}')
+report=$WORK/report.md
+{
+    echo "## CPU serving benchmark, $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    echo "- command: \`RUNS=$RUNS WORKLOADS=\"$WORKLOADS\" SERVERS=\"$SERVERS\" bash scripts/cpu_bench.sh\`" \
+         "(minisgl $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+    echo "- hardware: $cpu, $ncpu CPUs, $mem RAM; $flags; load average before/after: $load_before / $load_after"
+    echo "- minisgl: \`python -m minisgl --device cpu --dtype float32 ${MINISGL_ARGS:-}\`"
+    echo "- peer: llama.cpp llama-server ($LLAMA_VERSION, built from the llama-cpp-python sdist's vendored tree," \
+         "Release, GGML_NATIVE) \`-t $THREADS -tb $THREADS -np $SLOTS -cb -c $CTX ${LLAMA_ARGS:-}\`;" \
+         "llama-f32: every tensor of the shipped Q4_1 GGUF dequantized to F32 (the weights minisgl runs);" \
+         "llama-q4_1: the shipped file; KV cache at llama.cpp's default (f16)"
+    echo "- client: \`python -m minisgl.bench serve --preset W --runs $RUNS --tokenizer local\`: streaming" \
+         "/v1/completions, greedy, ignore_eos, identical text prompts (calibrated with the SmolLM2 tokenizer)," \
+         "run k uses seed k; the row is the median run by output tok/s; latencies in ms"
+    echo "- W1: 1 request, 128-token prompt, 128 out; W2: 32 concurrent, prompts 64-512 tokens, 128 out;" \
+         "W3: 32 concurrent, shared 400-token prefix + 16-32-token questions, 64 out"
+    if [ -n "${BENCH_NOTE:-}" ]; then echo "- note: $BENCH_NOTE"; fi
+    echo
+    "$PY" scripts/peer/bench_table.py "$RESULTS"
+    echo
+} >"$report"
+cat "$report"
+if [ "${NO_APPEND:-0}" != 1 ]; then
+    [ -f BENCHMARKS.md ] || printf '# Benchmarks\n\n' >BENCHMARKS.md
+    cat "$report" >>BENCHMARKS.md
+    log "appended to BENCHMARKS.md"
+fi
