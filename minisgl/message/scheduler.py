@@ -11,11 +11,16 @@ from minisgl.message.codec import wire
 @wire(tag=20)
 @dataclass(slots=True)
 class TokenizedMsg:
-    """A validated, tokenized request ready to be scheduled."""
+    """A validated, tokenized request ready to be scheduled.
+
+    `max_tokens_explicit` is False when the client set no limit: `sampling.max_tokens` then only
+    says "up to the end of the context", and the scheduler may lower it to what its KV pool can
+    ever hold instead of rejecting the request."""
 
     rid: int
     input_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens_explicit: bool = True
 
 
 @wire(tag=21)

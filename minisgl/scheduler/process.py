@@ -49,6 +49,8 @@ class SchedulerLoop:
         self.to_detok: ZmqPushQueue[object] | None = ZmqPushQueue(addrs.detokenizer) if self.primary else None
         self.to_frontend: ZmqPushQueue[object] | None = ZmqPushQueue(addrs.frontend) if self.primary else None
         self.running = True
+        # Tokens the KV pool can hold at all: the ceiling of a request with no max_tokens.
+        self.pool_tokens = scheduler.stats().total_pages * scheduler.page_size
 
     def run(self) -> None:
         while self.running:
@@ -80,8 +82,13 @@ class SchedulerLoop:
 
     def _handle(self, msg: object, outs: list[TokenOut]) -> None:
         if isinstance(msg, TokenizedMsg):
+            sampling = msg.sampling
+            if not msg.max_tokens_explicit:
+                room = self.pool_tokens - len(msg.input_ids)
+                if 0 < room < sampling.max_tokens:
+                    sampling = replace(sampling, max_tokens=room)
             try:
-                self.scheduler.add_request(msg.rid, msg.input_ids, msg.sampling)
+                self.scheduler.add_request(msg.rid, msg.input_ids, sampling)
             except ValueError as exc:
                 if self.to_detok is not None:
                     self.to_detok.put(ErrorMsg(msg.rid, str(exc), 400))

@@ -82,7 +82,7 @@ class RequestTokenizer:
         except PromptError as exc:
             return ErrorMsg(msg.rid, str(exc), 400, exc.param)
         register = DetokRegisterMsg(msg.rid, ids[-PROMPT_TAIL:], list(msg.stop))
-        return register, TokenizedMsg(msg.rid, ids, sampling)
+        return register, TokenizedMsg(msg.rid, ids, sampling, msg.max_tokens_explicit)
 
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, TextPrompt):

@@ -51,9 +51,9 @@ def open_request(port: int, body: dict) -> socket.socket:
 
 @pytest.fixture(scope="module")
 def two_servers(tmp_path_factory):
-    # Started together so their start-up overlaps; the second has a single running slot.
+    # Started together so their start-up overlaps; the second has one running slot, a small pool.
     a = Server(tmp_path_factory.mktemp("a") / "server.log")
-    b = Server(tmp_path_factory.mktemp("b") / "server.log", "--max-running-requests", "1")
+    b = Server(tmp_path_factory.mktemp("b") / "server.log", "--max-running-requests", "1", "--num-pages", "160")
     try:
         a.wait_ready()
         b.wait_ready()
@@ -72,6 +72,15 @@ def test_two_services_at_once(two_servers):
     assert ra[0] == rb[0] == 200
     assert ra[1]["choices"][0]["text"] == rb[1]["choices"][0]["text"]
     assert set(a.child_pids().values()).isdisjoint(b.child_pids().values())
+
+
+def test_small_pool_limits_max_tokens(two_servers):
+    _, srv = two_servers  # 160 pages of 16 tokens
+    chat = {"model": "m", "messages": [{"role": "user", "content": "Say hi."}], "temperature": 0, "stop": ["."]}
+    status, body = post_json(srv.port, "/v1/chat/completions", chat)  # no max_tokens: fits the pool
+    assert status == 200, body
+    status, body = post_json(srv.port, "/v1/chat/completions", {**chat, "max_tokens": 4000})
+    assert status == 400 and "--num-pages" in body["error"]["message"], body
 
 
 def test_disconnect_while_waiting_aborts(two_servers):

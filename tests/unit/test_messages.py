@@ -35,7 +35,7 @@ SAMPLING = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, max_
 
 EXAMPLES = [
     SAMPLING,
-    TokenizedMsg(rid=5, input_ids=[1, 2, 3], sampling=SAMPLING),
+    TokenizedMsg(rid=5, input_ids=[1, 2, 3], sampling=SAMPLING, max_tokens_explicit=False),
     AbortMsg(rid=9),
     StatsReqMsg(query_id=3),
     ShutdownMsg(reason="bye"),
