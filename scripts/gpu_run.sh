@@ -14,33 +14,37 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 
-if [ "$phase" = check ] || [ "$phase" = all ]; then
-    python3 -m pytest -q -x -m gpu tests/kernels tests/golden/test_gpu_parity.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
-fi
-
-bench() {  # name, then bench args
-    local name=$1; shift
+bench() {  # name, seconds, then bench args
+    local name=$1 limit=$2; shift 2
     echo "== $name: python -m minisgl.bench offline $*"
-    timeout 900 python3 -m minisgl.bench offline --quiet "$@" 2>"$OUT/$name.err" | sed "s/^{/{\"run\": \"$name\", /" | tee -a "$OUT/bench.jsonl"
-    tail -3 "$OUT/$name.err"
+    timeout "$limit" python3 -m minisgl.bench offline --quiet "$@" 2>"$OUT/$name.err" \
+        | sed "s/^{/{\"run\": \"$name\", /" | tee -a "$OUT/bench.jsonl"
+    grep -E "captured|engine ready|Error|error" "$OUT/$name.err" | tail -4
 }
+W="--model configs/qwen3-0.6b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0"
+
+if [ "$phase" = check ] || [ "$phase" = all ]; then
+    timeout "${CHECK_LIMIT:-600}" python3 -m pytest -q -x -m gpu ${CHECK_ARGS:-tests/kernels tests/golden/test_gpu_parity.py} \
+        -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+fi
 
 if [ "$phase" = bench ] || [ "$phase" = all ]; then
     : > "$OUT/bench.jsonl"
-    W="--model configs/qwen3-0.6b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0"
-    bench qwen3-0.6b $W
-    bench qwen3-0.6b-nograph $W --cuda-graph-max-bs 0
-    MINISGL_DISABLE_OVERLAP=1 bench qwen3-0.6b-nooverlap $W
-    bench bs1-decode --model configs/qwen3-0.6b --dummy-weights --num-seqs 1 --min-input 128 --max-input 128 --min-output 1024 --max-output 1024
-    bench qwen3-8b --model configs/qwen3-8b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
-    [ -n "${WITH_HF:-}" ] && bench hf-peer $W --peer hf --no-minisgl
-    python3 - "$OUT/bench.jsonl" <<'PYEOF'
-import json, sys
-CEILING = 37500.0
-print(f"{'run':24} {'out tok':>9} {'s':>8} {'tok/s':>9} {'ceiling':>8}")
+    bench qwen3-0.6b 110 $W
+    bench bs1-decode 45 --model configs/qwen3-0.6b --dummy-weights --num-seqs 1 --min-input 128 --max-input 128 --min-output 1024 --max-output 1024
+    MINISGL_DISABLE_OVERLAP=1 bench qwen3-0.6b-nooverlap 75 $W
+    bench qwen3-0.6b-nograph 90 $W --cuda-graph-max-bs 0
+    bench qwen3-8b 130 --model configs/qwen3-8b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
+    [ -n "${WITH_HF:-}" ] && bench hf-peer-32seq 100 --model configs/qwen3-0.6b --dummy-weights --num-seqs 32 --seed 0 --peer hf
+fi
+python3 - "$OUT/bench.jsonl" <<'PYEOF'
+import json, os, sys
+if not os.path.exists(sys.argv[1]):
+    sys.exit(0)
+CEILING = 37500.0  # decode re-reads the KV cache: ~3.6 s at 4.2 TB/s for the 0.6B workload
+print(f"{'run':24} {'engine':16} {'out tok':>9} {'s':>8} {'tok/s':>9} {'ceiling':>8}")
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    frac = r["output_tok_s"] / CEILING if r["run"].startswith("qwen3-0.6b") else float("nan")
-    print(f"{r['run']:24} {r['output_tokens']:>9} {r['seconds']:>8.2f} {r['output_tok_s']:>9.1f} {frac:>8.1%}")
+    frac = f"{r['output_tok_s'] / CEILING:.1%}" if r["run"].startswith("qwen3-0.6b") else "-"
+    print(f"{r['run']:24} {r['engine']:16} {r['output_tokens']:>9} {r['seconds']:>8.2f} {r['output_tok_s']:>9.1f} {frac:>8}")
 PYEOF
-fi
