@@ -45,7 +45,7 @@ def forward_logits(
     for req in reqs:
         req.extend_len = req.total_len - req.cached_len
     plan = StepPlan(reqs, [s for r in reqs for s in slots(r, r.cached_len, r.total_len)])
-    batch = engine.build_batch(plan)
+    batch, _ = engine.build_batch(plan)
     if all_positions:
         batch.sample_idx = torch.arange(batch.num_tokens)
     logits = engine.forward_logits(batch)

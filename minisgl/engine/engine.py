@@ -6,6 +6,7 @@ inside `forward_context`, and samples the next token of every request that compl
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,22 @@ class ForwardOut:
     next_tokens: list[int]
 
 
+class _StagingRing:
+    """Two growable int64 host buffers used alternately (pinned on CUDA)."""
+
+    def __init__(self, pinned: bool) -> None:
+        self.pinned = pinned
+        self.buffers = [torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)]
+        self.turn = 0
+
+    def take(self, n: int) -> torch.Tensor:
+        self.turn ^= 1
+        if self.buffers[self.turn].numel() < n:
+            size = max(n, 2 * self.buffers[self.turn].numel(), 4096)
+            self.buffers[self.turn] = torch.empty(size, dtype=torch.int64, pin_memory=self.pinned)
+        return self.buffers[self.turn][:n]
+
+
 def _context_len(model_config: ModelConfig, config: EngineConfig) -> int:
     limit = model_config.context_len
     if model_config.sliding_window is not None and model_config.sliding_window < limit:
@@ -131,6 +148,13 @@ class Engine:
             if hasattr(module, "backend") and hasattr(module, "layer_id"):
                 module.backend = self.attn_backend
         self.sampler = Sampler()
+        # Reused host staging and events (allocating pinned memory or CUDA events per step costs
+        # more than the step's own host work). Two of each: step N+1 is built while step N's
+        # copies may still be in flight, and step N is always complete before N+2 is built.
+        self._staging = _StagingRing(self.platform.pin_memory)
+        self._token_staging = _StagingRing(self.platform.pin_memory)
+        self._events = [self.platform.new_event(), self.platform.new_event()]
+        self._step_parity = 0
         self.runner = self._make_runner()
         logger.info(
             "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s",
@@ -179,28 +203,43 @@ class Engine:
     def _upload(self, parts: list[list[int]]) -> list[torch.Tensor]:
         """Copy several host int lists to the device in one transfer (pinned, non-blocking on CUDA,
         so the host never waits for the GPU here); returns int64 device views, one per list."""
-        flat = [x for part in parts for x in part]
-        host = torch.tensor(flat, dtype=torch.int64, pin_memory=self.platform.pin_memory)
+        flat = array("q")
+        for part in parts:
+            flat.extend(part)
+        host = self._staging.take(len(flat))
+        if flat:
+            host.copy_(torch.frombuffer(flat, dtype=torch.int64))
         dev = host.to(self.device, non_blocking=True)
         return list(dev.split([len(part) for part in parts]))
 
-    def build_batch(self, plan: StepPlan, prev: LaunchedStep | None = None) -> ForwardBatch:
+    @torch.inference_mode()
+    def build_batch(self, plan: StepPlan, prev: LaunchedStep | None = None) -> tuple[ForwardBatch, list[Req]]:
+        """The device batch of a plan, and the requests that sample a token in it."""
         input_ids: list[int] = []
         positions: list[int] = []
         rows_per_token: list[int] = []
         rows, seq_lens, ext_lens, starts, sample_idx = [], [], [], [], []
-        for req in plan.reqs:
-            assert req.row is not None and req.extend_len > 0
-            begin, end = req.cached_len, req.cached_len + req.extend_len
+        sampled: list[Req] = []
+        for req in plan.reqs:  # hot loop: plain list and field access only
+            row, begin, ext = req.row, req.cached_len, req.extend_len
+            assert row is not None and ext > 0
+            end = begin + ext
+            prompt_len = len(req.prompt_ids)
             starts.append(len(input_ids))
-            input_ids.extend(req.token_slice(begin, end))
-            positions.extend(range(begin, end))
-            rows_per_token.extend([req.row] * req.extend_len)
-            rows.append(req.row)
+            if ext == 1:
+                input_ids.append(req.output_ids[begin - prompt_len] if begin >= prompt_len else req.prompt_ids[begin])
+                positions.append(begin)
+                rows_per_token.append(row)
+            else:
+                input_ids.extend(req.token_slice(begin, end))
+                positions.extend(range(begin, end))
+                rows_per_token.extend([row] * ext)
+            rows.append(row)
             seq_lens.append(end)
-            ext_lens.append(req.extend_len)
-            if end == req.total_len:
+            ext_lens.append(ext)
+            if end == prompt_len + len(req.output_ids):
                 sample_idx.append(len(input_ids) - 1)
+                sampled.append(req)
         assert len(plan.out_loc) == len(input_ids)
         dst, src = [t for t, _ in plan.from_prev], [j for _, j in plan.from_prev]
         (ids_t, pos_t, out_loc, table_rows, table_pos, table_slots, rows_t, seq_t, ext_t, starts_t, sample_t,
@@ -214,8 +253,8 @@ class Engine:
             ids_t = ids_t.clone()
             ids_t[dst_t] = prev.tokens[src_t]
         self.token_table[table_rows, torch.cat([pos_t, table_pos])] = torch.cat([out_loc, table_slots]).to(torch.int32)
-        return ForwardBatch(
-            phase="decode" if all(n == 1 for n in ext_lens) else "extend",
+        batch = ForwardBatch(
+            phase="decode" if len(input_ids) == len(ext_lens) else "extend",
             input_ids=ids_t,
             positions=pos_t,
             out_loc=out_loc,
@@ -228,6 +267,7 @@ class Engine:
             extend_lens_cpu=ext_lens,
             sample_idx=sample_t,
         )
+        return batch, sampled
 
     @torch.inference_mode()
     def forward_logits(self, batch: ForwardBatch) -> torch.Tensor:
@@ -239,9 +279,8 @@ class Engine:
         """Queue one step on the device and return at once; `result()` waits for its tokens.
 
         `prev` is the step still in flight whose sampled tokens this plan reads (`plan.from_prev`)."""
-        batch = self.build_batch(plan, prev)
+        batch, sampled = self.build_batch(plan, prev)
         logits = self.forward_logits(batch)
-        sampled = [req for req in plan.reqs if req.cached_len + req.extend_len == req.total_len]
         if not sampled:
             empty = torch.empty(0, dtype=torch.int64, device=self.device)
             return LaunchedStep([], empty, empty.cpu(), None)
@@ -249,9 +288,10 @@ class Engine:
             [req.sampling for req in sampled], [req.output_len for req in sampled], logits.shape[-1], self.device
         )
         tokens = self.sampler.sample(logits, sampling)
-        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=self.platform.pin_memory)
+        host = self._token_staging.take(tokens.numel())
         host.copy_(tokens, non_blocking=True)
-        event = self.platform.new_event()
+        event = self._events[self._step_parity]
+        self._step_parity ^= 1
         event.record()
         return LaunchedStep(sampled, tokens, host, event)
 

@@ -52,6 +52,7 @@ class SamplingBatch:
     """Sampling controls of the rows being sampled, as device tensors (built once per step)."""
 
     all_greedy: bool
+    any_greedy: bool
     temperature: torch.Tensor  # [R] float; 1.0 for greedy rows (unused there)
     greedy: torch.Tensor  # [R] bool
     top_k: torch.Tensor | None  # [R] int64, vocab for "off"; None if no row uses top-k
@@ -65,7 +66,7 @@ class SamplingBatch:
         all_greedy = all(p.greedy for p in params)
         if all_greedy:
             empty = torch.empty(0, device=device)
-            return SamplingBatch(True, empty, empty.bool(), None, None, None, None, None)
+            return SamplingBatch(True, True, empty, empty.bool(), None, None, None, None, None)
         f32, i64 = torch.float32, torch.int64
         temperature = _upload([p.temperature if not p.greedy else 1.0 for p in params], f32, device)
         greedy = _upload([p.greedy for p in params], torch.bool, device)
@@ -80,7 +81,8 @@ class SamplingBatch:
             seeded_rows = _upload(seeded, i64, device)
             keys = [_signed(int(params[i].seed) * 1_000_003 + steps[i]) for i in seeded]  # type: ignore[arg-type]
             seed_keys = _upload(keys, i64, device)
-        return SamplingBatch(False, temperature, greedy, top_k, top_p, min_p, seeded_rows, seed_keys)
+        any_greedy = any(p.greedy for p in params)
+        return SamplingBatch(False, any_greedy, temperature, greedy, top_k, top_p, min_p, seeded_rows, seed_keys)
 
 
 class Sampler:
@@ -89,7 +91,6 @@ class Sampler:
         if batch.all_greedy:
             return logits.argmax(dim=-1)
         logits = logits.float()
-        greedy_tokens = logits.argmax(dim=-1)
         probs = torch.softmax(logits / batch.temperature.unsqueeze(1), dim=-1)
         probs = self._filter(probs, batch)
         # Exponential-race sampling: argmax(p / E) with E ~ Exp(1) draws from p.
@@ -98,7 +99,9 @@ class Sampler:
             uniform = hashed_uniform(batch.seed_keys, probs.shape[1])
             noise[batch.seeded_rows] = -torch.log(uniform)
         sampled = (probs / noise).argmax(dim=-1)
-        return torch.where(batch.greedy, greedy_tokens, sampled)
+        if not batch.any_greedy:
+            return sampled
+        return torch.where(batch.greedy, logits.argmax(dim=-1), sampled)
 
     @staticmethod
     def _filter(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

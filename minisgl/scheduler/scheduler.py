@@ -217,10 +217,15 @@ class Scheduler:
         chosen: list[Req] = []
         starved = False
         # 1. Decodes: one token each; retract the newest requests if their pages run out.
+        # (Hot loop: lengths are read off the lists directly rather than through properties.)
+        page_tokens = self.page_size
         for req in list(self.running):
-            if req.uncomputed_len != 1 or req.row is None or req.done_by_length:  # row None: retracted above
+            total = len(req.prompt_ids) + len(req.output_ids)
+            if total - req.cached_len != 1 or req.row is None:  # row None: retracted above
                 continue
-            while not self._reserve(req, 1):
+            if len(req.output_ids) >= req.sampling.max_tokens or total >= req.max_total_len:
+                continue  # ends with its in-flight token
+            while req.cached_len >= len(req.pages) * page_tokens and not self._reserve(req, 1):
                 victim = max(self.running, key=lambda r: r.arrival)
                 self._retract(victim)
                 if victim is req:
@@ -267,12 +272,15 @@ class Scheduler:
         from_prev: list[tuple[int, int]] = []
         for req in reqs:
             pages = req.pages
-            end = req.cached_len + req.extend_len
-            if req.num_pending and end == req.total_len:
+            begin = req.cached_len
+            end = begin + req.extend_len
+            if req.num_pending and end == len(req.prompt_ids) + len(req.output_ids):
                 # Its newest input token is still being sampled by the step in flight.
                 from_prev.append((len(out_loc) + req.extend_len - 1, pending[id(req)]))
-            for p in range(req.cached_len, end):
-                out_loc.append(pages[p // ps] * ps + p % ps)
+            if end - begin == 1:
+                out_loc.append(pages[begin // ps] * ps + begin % ps)
+            else:
+                out_loc.extend(pages[p // ps] * ps + p % ps for p in range(begin, end))
         return StepPlan(reqs, out_loc, rows, pos, slots, from_prev)
 
     # ---------------------------------------------------------------- pages and rows
