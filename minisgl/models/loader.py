@@ -30,10 +30,13 @@ def iter_checkpoint(model_dir: Path, show_progress: bool = True) -> Iterator[tup
     from safetensors import safe_open
 
     files = _checkpoint_files(model_dir)
-    for path in tqdm(files, desc="Loading weights", unit="file", disable=not show_progress or len(files) < 2):
-        with safe_open(str(path), framework="pt") as handle:
+    handles = [safe_open(str(path), framework="pt") for path in files]
+    total = sum(len(list(handle.keys())) for handle in handles)
+    with tqdm(total=total, desc="Loading weights", unit="tensor", disable=not show_progress) as bar:
+        for handle in handles:
             for name in handle.keys():
                 yield name, handle.get_tensor(name)
+                bar.update(1)
 
 
 def _target(model: nn.Module, name: str) -> tuple[str, str | int | None] | None:
