@@ -88,17 +88,6 @@ class _StagingRing:
         return self.buffers[self.turn][:n]
 
 
-def _context_len(model_config: ModelConfig, config: EngineConfig) -> int:
-    limit = model_config.context_len
-    if model_config.sliding_window is not None and model_config.sliding_window < limit:
-        # Without sliding-window attention, tokens past the window would be attended wrongly.
-        logger.warning("sliding-window attention is not implemented: context capped at %d", model_config.sliding_window)
-        limit = model_config.sliding_window
-    if config.max_model_len is not None:
-        limit = min(limit, config.max_model_len)
-    return limit
-
-
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         from minisgl.models.loader import init_dummy_weights, load_weights
@@ -115,7 +104,9 @@ class Engine:
         self.model_dir: Path = resolve_model_dir(config.model)
         self.model_config = ModelConfig.from_dir(self.model_dir)
         self.dtype = self.platform.default_dtype if config.dtype == "auto" else _DTYPES[config.dtype]
-        self.context_len = _context_len(self.model_config, config)
+        self.context_len = self.model_config.serving_context_len(config.max_model_len)
+        if self.context_len < self.model_config.context_len:
+            logger.info("serving a context of %d tokens (model: %d)", self.context_len, self.model_config.context_len)
 
         torch.manual_seed(config.seed)
         default_dtype = torch.get_default_dtype()
@@ -181,6 +172,14 @@ class Engine:
             # Never more than every running request at full context could use.
             cap = cfg.max_running_requests * self.context_len // cfg.page_size + 1
             num_pages = max(1, min(budget // per_page, cap))
+            if tp.size > 1:
+                # Every rank must hold the same pool, or their scheduling decisions drift apart.
+                import torch.distributed as dist
+
+                if dist.is_initialized():
+                    pages = torch.tensor([num_pages], dtype=torch.int64, device=self.device)
+                    dist.all_reduce(pages, op=dist.ReduceOp.MIN)
+                    num_pages = int(pages.item())
         return KVPool(mc.num_layers, num_pages, cfg.page_size, kv_heads, mc.head_dim, self.dtype, self.device)
 
     def _make_runner(self) -> "Runner":

@@ -47,6 +47,16 @@ class ModelConfig:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    def serving_context_len(self, max_model_len: int | None = None) -> int:
+        """The context the engine serves: sliding-window attention is not implemented, so the
+        window (when smaller) caps it, keeping results exact; `max_model_len` caps it further."""
+        limit = self.context_len
+        if self.sliding_window is not None:
+            limit = min(limit, self.sliding_window)
+        if max_model_len is not None:
+            limit = min(limit, max_model_len)
+        return limit
+
     @staticmethod
     def from_dict(cfg: dict[str, Any], generation: dict[str, Any] | None = None) -> "ModelConfig":
         archs = cfg.get("architectures") or []

@@ -165,19 +165,6 @@ class ServiceProcesses:
             self.ipc.cleanup()
 
 
-def context_len_of(model_dir: str, max_model_len: int | None) -> int:
-    """The context length the engine will use (it reports its own; they are compared)."""
-    from minisgl.models.config import ModelConfig
-
-    mc = ModelConfig.from_dir(model_dir)
-    limit = mc.context_len
-    if mc.sliding_window is not None:
-        limit = min(limit, mc.sliding_window)
-    if max_model_len is not None:
-        limit = min(limit, max_model_len)
-    return limit
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -208,7 +195,9 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         model_dir = str(resolve_model_dir(config.engine.model))
-        context_len = context_len_of(model_dir, config.engine.max_model_len)
+        from minisgl.models.config import ModelConfig
+
+        context_len = ModelConfig.from_dir(model_dir).serving_context_len(config.engine.max_model_len)
     except (ModelSourceError, ValueError, OSError, KeyError) as exc:
         fail(f"cannot load model {config.engine.model or '(default)'}: {exc}")
     served = config.served_model_name or _default_name(config.engine.model, model_dir)
