@@ -23,6 +23,18 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
+    # Applied per request inside a batch (OpenAI/vLLM semantics).
+    presence_penalty: float = 0.0  # [-2, 2], subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # [-2, 2], times the count of each generated token
+    repetition_penalty: float = 1.0  # > 0; divides positive / multiplies negative logits of seen tokens
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> bias in [-100, 100]
+    min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens exist
+    logprobs: int | None = None  # None: off; k >= 0: sampled token's logprob plus the top k
+    prompt_logprobs: int | None = None  # the same for prompt tokens (completions `echo`)
+    # Structured output (at most one): a JSON schema (serialized), any JSON object, or a regex.
+    json_schema: str | None = None
+    json_object: bool = False
+    regex: str | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -39,6 +51,21 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if any(not -100.0 <= bias <= 100.0 for bias in self.logit_bias.values()):
+            raise ValueError("logit_bias values must be in [-100, 100]")
+        if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 20:
+                raise ValueError(f"{name} must be in [0, 20], got {value}")
+        if sum((self.json_schema is not None, self.json_object, self.regex is not None)) > 1:
+            raise ValueError("at most one of json_schema, json_object and regex may be set")
 
     @property
     def greedy(self) -> bool:
@@ -54,6 +81,16 @@ class SamplingParams:
             "ignore_eos": self.ignore_eos,
             "seed": self.seed,
             "stop_token_ids": list(self.stop_token_ids),
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "logit_bias": dict(self.logit_bias),
+            "min_tokens": self.min_tokens,
+            "logprobs": self.logprobs,
+            "prompt_logprobs": self.prompt_logprobs,
+            "json_schema": self.json_schema,
+            "json_object": self.json_object,
+            "regex": self.regex,
         }
 
     @staticmethod
