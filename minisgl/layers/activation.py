@@ -1,10 +1,34 @@
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
-import torch.nn.functional as F
+from torch import nn
+
+from minisgl.kernels.activation_ref import silu_and_mul_ref
+from minisgl.kernels.impl import KernelImpl, resolve_impl
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """x = [gate | up] along the last dim -> silu(gate) * up."""
-    gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    """x = [gate | up] along the last dim -> silu(gate) * up (the plain-torch reference)."""
+    return silu_and_mul_ref(x)
+
+
+class SiluAndMul(nn.Module):
+    """silu(gate) * up for x = [gate | up]: one Triton launch on CUDA, the reference on CPU.
+
+    It has no tensors to tell its device, so it takes the device the model is being built on
+    (`torch.device(...)` context, as the engine builds it) unless one is given."""
+
+    def __init__(self, impl: KernelImpl = "auto", device: torch.device | None = None) -> None:
+        super().__init__()
+        self.impl = resolve_impl(impl, device if device is not None else torch.get_default_device())
+        self._fn: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul_ref
+        if self.impl == "triton":
+            # Imported here so the CPU path never imports triton.
+            from minisgl.kernels.activation import silu_and_mul as silu_and_mul_triton
+
+            self._fn = silu_and_mul_triton
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._fn(x)

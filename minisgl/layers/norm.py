@@ -1,27 +1,40 @@
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
+from minisgl.kernels.impl import KernelImpl, resolve_impl
+from minisgl.kernels.norm_ref import fused_add_rms_norm_ref, rms_norm_ref
+
+NormFn = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+AddNormFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+
 
 class RMSNorm(nn.Module):
-    """RMSNorm computed in fp32, as Hugging Face does, with an optional fused residual add."""
+    """RMSNorm computed in fp32, as Hugging Face does, with an optional fused residual add.
 
-    def __init__(self, size: int, eps: float) -> None:
+    The implementation is chosen once here from the weight's device (`kernels.impl`): one Triton
+    launch on CUDA, the plain-torch reference (HF's exact math) on CPU."""
+
+    def __init__(self, size: int, eps: float, impl: KernelImpl = "auto") -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(size))
+        self.impl = resolve_impl(impl, self.weight.device)
+        self._norm: NormFn = rms_norm_ref
+        self._add_norm: AddNormFn = fused_add_rms_norm_ref
+        if self.impl == "triton":
+            # Imported here so the CPU path never imports triton.
+            from minisgl.kernels.norm import fused_add_rms_norm, rms_norm
 
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+            self._norm, self._add_norm = rms_norm, fused_add_rms_norm
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """RMSNorm(x); with `residual`, (RMSNorm(x + residual), x + residual) as new tensors."""
         if residual is None:
-            return self._norm(x)
-        x = x + residual
-        return self._norm(x), x
+            return self._norm(x, self.weight, self.eps)
+        return self._add_norm(x, residual, self.weight, self.eps)

@@ -1,10 +1,16 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from minisgl.kernels.impl import KernelImpl, resolve_impl
+from minisgl.kernels.rotary_ref import qk_norm_rotary_ref, rotary_ref
+from minisgl.layers.norm import RMSNorm
+
+RotaryFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 def _inv_freq(head_dim: int, base: float, scaling: dict[str, Any] | None) -> tuple[torch.Tensor, float]:
@@ -31,26 +37,46 @@ def _inv_freq(head_dim: int, base: float, scaling: dict[str, Any] | None) -> tup
 
 
 class RotaryEmbedding(nn.Module):
-    """Neox-style rotary embedding (rotate halves) with a cos/sin table indexed by position."""
+    """Neox-style rotary embedding (rotate halves) with a cos/sin table indexed by position.
 
-    def __init__(self, head_dim: int, max_positions: int, base: float, scaling: dict[str, Any] | None) -> None:
+    The implementation is chosen once here from the table's device (`kernels.impl`): one Triton
+    launch for q and k on CUDA (fused with Qwen3's q/k norms in `forward_qk_norm`), the
+    plain-torch reference on CPU."""
+
+    def __init__(
+        self,
+        head_dim: int,
+        max_positions: int,
+        base: float,
+        scaling: dict[str, Any] | None,
+        impl: KernelImpl = "auto",
+    ) -> None:
         super().__init__()
         inv_freq, attn_factor = _inv_freq(head_dim, base, scaling)
         positions = torch.arange(max_positions, dtype=torch.int64).float()
         freqs = torch.outer(positions, inv_freq)
         # The table stays fp32 (a buffer, not a parameter) and is cast at use.
+        self.cos: torch.Tensor
+        self.sin: torch.Tensor
         self.register_buffer("cos", freqs.cos() * attn_factor, persistent=False)
         self.register_buffer("sin", freqs.sin() * attn_factor, persistent=False)
+        self.impl = resolve_impl(impl, self.cos.device)
+        self._rotary: RotaryFn = rotary_ref
+        self._qk_norm_rotary: RotaryFn = qk_norm_rotary_ref
+        if self.impl == "triton":
+            # Imported here so the CPU path never imports triton.
+            from minisgl.kernels.rotary import qk_norm_rotary, rotary
+
+            self._rotary, self._qk_norm_rotary = rotary, qk_norm_rotary
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, Hq, D], k: [T, Hk, D]."""
-        cos = self.cos[positions].to(q.dtype).unsqueeze(1)
-        sin = self.sin[positions].to(q.dtype).unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        """q: [T, Hq, D], k: [T, Hk, D] (views of a fused qkv buffer are fine) -> new tensors."""
+        return self._rotary(positions, q, k, self.cos, self.sin)
 
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    cos = torch.cat([cos, cos], dim=-1)
-    sin = torch.cat([sin, sin], dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+    def forward_qk_norm(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward(positions, q_norm(q), k_norm(k))` (Qwen3's per-head norms), one launch on CUDA."""
+        return self._qk_norm_rotary(
+            positions, q, k, self.cos, self.sin, q_norm.weight, k_norm.weight, q_norm.eps, k_norm.eps
+        )

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from minisgl.distributed import get_tp_info
-from minisgl.layers.activation import silu_and_mul
+from minisgl.layers.activation import SiluAndMul
 from minisgl.layers.attention import AttentionLayer
 from minisgl.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minisgl.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -43,9 +43,9 @@ class SelfAttention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+            q, k = self.rotary.forward_qk_norm(positions, q, k, self.q_norm, self.k_norm)
+        else:
+            q, k = self.rotary(positions, q, k)
         return self.o_proj(self.attn(q, k, v))
 
 
@@ -54,9 +54,10 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate, intermediate])
         self.down_proj = RowParallelLinear(intermediate, hidden)
+        self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):

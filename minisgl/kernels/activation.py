@@ -1,0 +1,48 @@
+"""SiLU-and-mul in one launch (eager torch: a chunk, a silu and a mul kernel).
+
+Rounding follows `activation_ref.py` (HF): silu(gate) rounds to the input dtype before the
+product with `up`, which rounds again. No host reads: safe to capture in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_BLOCK = 1024
+
+
+@triton.jit
+def _silu_and_mul_kernel(
+    x_ptr,
+    out_ptr,
+    stride_xt,
+    stride_ot,
+    N: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    dtype = out_ptr.dtype.element_ty
+    gate = tl.load(x_ptr + token * stride_xt + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + token * stride_xt + N + cols, mask=mask, other=0.0).to(tl.float32)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    tl.store(out_ptr + token * stride_ot + cols, (silu * up).to(dtype), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x = [gate | up] along the last dim (unit stride) -> silu(gate) * up, a new contiguous tensor."""
+    n = x.shape[-1] // 2
+    assert x.shape[-1] == 2 * n and x.stride(-1) == 1
+    out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    x2 = x if x.dim() == 2 else x.reshape(-1, 2 * n)
+    out2 = out.view(-1, n)
+    if x2.shape[0] == 0 or n == 0:
+        return out
+    block = min(_BLOCK, triton.next_power_of_2(n))
+    _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](
+        x2, out2, x2.stride(0), out2.stride(0), N=n, BLOCK=block, num_warps=max(1, min(4, block // 256))
+    )
+    return out

@@ -1,0 +1,191 @@
+"""Neox rotary for q and k in one launch, optionally fused with Qwen3's per-head q/k RMSNorm.
+
+Eager torch spends a table gather, casts, three `cat`s, muls and adds per tensor (and ~8 kernels
+per head norm). Here each program takes a block of heads of one token straight from the fused
+qkv buffer (any token/head strides), normalises them if asked, rotates them and writes them.
+Rounding follows `rotary_ref.py` (HF): the fp32 cos/sin row is cast to q's dtype, each product
+and the sum round to that dtype, so bf16 rotary alone matches eager torch bit for bit (up to
+fp32 FMA contraction in fp32). No host reads: safe to capture in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Head-block size in elements: decode (a few tokens) still gets a few programs per token, and
+# prefill does not launch T * H programs of one head each.
+_TILE_ELEMS = 1024
+
+
+@triton.jit
+def _rope_heads(
+    x_ptr,
+    out_ptr,
+    w_ptr,
+    token,
+    head_start,
+    num_heads,
+    stride_xt,
+    stride_xh,
+    stride_ot,
+    stride_oh,
+    cos,
+    sin,
+    eps,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
+    heads = head_start + tl.arange(0, BLOCK_H)
+    dims = tl.arange(0, BLOCK_HALF)
+    mask = (heads < num_heads)[:, None] & (dims < HALF)[None, :]
+    x_offs = token * stride_xt + heads.to(tl.int64)[:, None] * stride_xh + dims[None, :]
+    x1 = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + x_offs + HALF, mask=mask, other=0.0).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    if HAS_NORM:
+        in_dtype = x_ptr.dtype.element_ty
+        mean_sq = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF)
+        rstd = tl.math.rsqrt(mean_sq + eps)[:, None]
+        w1 = tl.load(w_ptr + dims, mask=dims < HALF, other=0.0).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + dims, mask=dims < HALF, other=0.0).to(tl.float32)[None, :]
+        x1 = (w1 * (x1 * rstd).to(in_dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        x2 = (w2 * (x2 * rstd).to(in_dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    # out1 = x1*cos + (-x2)*sin, out2 = x2*cos + x1*sin, each term rounded as eager torch does.
+    out1 = ((x1 * cos).to(dtype).to(tl.float32) + ((-x2) * sin).to(dtype).to(tl.float32)).to(dtype)
+    out2 = ((x2 * cos).to(dtype).to(tl.float32) + (x1 * sin).to(dtype).to(tl.float32)).to(dtype)
+    out_offs = token * stride_ot + heads.to(tl.int64)[:, None] * stride_oh + dims[None, :]
+    tl.store(out_ptr + out_offs, out1, mask=mask)
+    tl.store(out_ptr + out_offs + HALF, out2, mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    q_ptr,
+    k_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    qw_ptr,
+    kw_ptr,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    num_q_heads,
+    num_k_heads,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_qot,
+    stride_qoh,
+    stride_kot,
+    stride_koh,
+    stride_cos,
+    q_eps,
+    k_eps,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    block = tl.program_id(1)
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    dims = tl.arange(0, BLOCK_HALF)
+    dtype = q_out_ptr.dtype.element_ty
+    # The fp32 table row, cast to the compute dtype as `cos[positions].to(q.dtype)` is.
+    cos = tl.load(cos_ptr + pos * stride_cos + dims, mask=dims < HALF, other=0.0).to(dtype).to(tl.float32)[None, :]
+    sin = tl.load(sin_ptr + pos * stride_cos + dims, mask=dims < HALF, other=0.0).to(dtype).to(tl.float32)[None, :]
+    num_q_blocks = tl.cdiv(num_q_heads, BLOCK_H)
+    # Axis 1 covers q's head blocks, then k's: one launch for both tensors.
+    if block < num_q_blocks:
+        _rope_heads(
+            q_ptr, q_out_ptr, qw_ptr, token, block * BLOCK_H, num_q_heads,
+            stride_qt, stride_qh, stride_qot, stride_qoh, cos, sin, q_eps,
+            HALF, BLOCK_H, BLOCK_HALF, HAS_NORM,
+        )  # fmt: skip
+    else:
+        _rope_heads(
+            k_ptr, k_out_ptr, kw_ptr, token, (block - num_q_blocks) * BLOCK_H, num_k_heads,
+            stride_kt, stride_kh, stride_kot, stride_koh, cos, sin, k_eps,
+            HALF, BLOCK_H, BLOCK_HALF, HAS_NORM,
+        )  # fmt: skip
+
+
+def _launch(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norm: tuple[torch.Tensor, torch.Tensor, float, float] | None,
+    inplace: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_k_heads = k.shape[1]
+    half = head_dim // 2
+    assert k.shape == (num_tokens, num_k_heads, head_dim) and head_dim % 2 == 0 and positions.shape == (num_tokens,)
+    assert q.dtype == k.dtype and q.stride(2) == 1 and k.stride(2) == 1, "head dims must be contiguous"
+    assert cos.shape == sin.shape and cos.shape[1] == half and cos.stride() == sin.stride() and cos.stride(1) == 1
+    out_dtype = q.dtype
+    if norm is not None:
+        q_weight, k_weight = norm[0], norm[1]
+        assert q_weight.shape == (head_dim,) == k_weight.shape and q_weight.dtype == k_weight.dtype
+        assert q_weight.is_contiguous() and k_weight.is_contiguous()
+        out_dtype = torch.promote_types(q.dtype, q_weight.dtype)
+    if inplace:
+        assert out_dtype == q.dtype, "in place needs a norm weight no wider than q"
+        q_out, k_out = q, k
+    else:
+        q_out = torch.empty(q.shape, dtype=out_dtype, device=q.device)
+        k_out = torch.empty(k.shape, dtype=out_dtype, device=k.device)
+    if num_tokens == 0:
+        return q_out, k_out
+    block_half = triton.next_power_of_2(half)
+    block_h = max(1, min(_TILE_ELEMS // (2 * block_half), triton.next_power_of_2(max(num_q_heads, num_k_heads))))
+    grid = (num_tokens, triton.cdiv(num_q_heads, block_h) + triton.cdiv(num_k_heads, block_h))
+    # Without a norm the weight pointers are never read; q stands in for them.
+    q_weight, k_weight, q_eps, k_eps = norm if norm is not None else (q, q, 0.0, 0.0)
+    _rotary_kernel[grid](
+        q, k, q_out, k_out, q_weight, k_weight, positions, cos, sin,
+        num_q_heads, num_k_heads,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
+        cos.stride(0), q_eps, k_eps,
+        HALF=half, BLOCK_H=block_h, BLOCK_HALF=block_half, HAS_NORM=norm is not None,
+        num_warps=max(1, min(4, block_h * block_half // 128)),
+    )  # fmt: skip
+    return q_out, k_out
+
+
+def rotary(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    inplace: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, Hq, D], k [T, Hk, D] (any token/head strides), positions [T] (int32/int64), fp32
+    tables cos/sin [max_positions, D/2] -> rotated (q, k): new contiguous tensors, or q and k
+    themselves with `inplace`."""
+    return _launch(positions, q, k, cos, sin, None, inplace)
+
+
+def qk_norm_rotary(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    q_eps: float,
+    k_eps: float,
+    inplace: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rotary` after a per-head RMSNorm of q and k (weights [D]), all in one launch."""
+    return _launch(positions, q, k, cos, sin, (q_weight, k_weight, q_eps, k_eps), inplace)
