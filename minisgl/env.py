@@ -21,21 +21,27 @@ def _int(name: str, default: int) -> int:
 
 @dataclass(frozen=True)
 class Env:
+    api_key: str | None  # the server's key when --api-key is not given
     cache_dir: Path
     disable_overlap: bool
     log_level: str
     num_threads: int  # 0: let torch decide
     triton_interpret: bool
+    fused_kernels: bool
 
     @staticmethod
     def read() -> "Env":
         default_cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "minisgl"
         return Env(
+            api_key=os.environ.get("MINISGL_API_KEY") or None,
             cache_dir=Path(os.environ.get("MINISGL_CACHE_DIR", default_cache)),
             disable_overlap=_bool("MINISGL_DISABLE_OVERLAP", False),
             log_level=os.environ.get("MINISGL_LOG_LEVEL", "INFO").upper(),
             num_threads=_int("MINISGL_NUM_THREADS", 0),
             triton_interpret=_bool("TRITON_INTERPRET", False),
+            # Fused Triton norm/rotary/SiLU kernels on CUDA. Off until they have run on a GPU
+            # (they pass the CPU interpreter tests; see BENCHMARKS.md for the GPU plan).
+            fused_kernels=_bool("MINISGL_FUSED_KERNELS", False),
         )
 
 

@@ -21,7 +21,8 @@ def triton_installed() -> bool:
 
 
 def resolve_impl(impl: KernelImpl, device: torch.device) -> Literal["triton", "torch"]:
-    """`auto`: Triton on CUDA when triton is installed, the reference otherwise. The CPU default is
+    """`auto`: Triton on CUDA when triton is installed and MINISGL_FUSED_KERNELS=1, the reference
+    otherwise. The CPU default is
     the reference because the Triton interpreter is for tests only, far too slow to serve; tests
     ask for `triton` explicitly to run the interpreted kernels through the layers."""
     if impl == "torch":
@@ -30,4 +31,6 @@ def resolve_impl(impl: KernelImpl, device: torch.device) -> Literal["triton", "t
         if not triton_installed():
             raise ValueError("impl='triton' was asked for but triton is not installed")
         return "triton"
-    return "triton" if device.type == "cuda" and triton_installed() else "torch"
+    from minisgl.env import ENV
+
+    return "triton" if device.type == "cuda" and ENV.fused_kernels and triton_installed() else "torch"
