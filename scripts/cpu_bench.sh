@@ -7,7 +7,9 @@
 # Env: RUNS (3), WORKLOADS ("W1 W2 W3"), SERVERS ("minisgl llama-f32 llama-q4_1"), THREADS (2),
 #      MINISGL_ARGS / LLAMA_ARGS (extra server flags), REQUEST_TIMEOUT (s, 1800),
 #      MINISGL_PEER_CACHE (~/.cache/minisgl-peer), BENCH_NOTE (a line for the heading),
-#      NO_APPEND=1 (stdout only).
+#      NO_APPEND=1 (stdout only), BENCH_OUT (keep raw results and logs in this dir; rows already
+#      there from an earlier invocation are reported too, marked as such), REPORT_ONLY=1 (no runs:
+#      just the report of what BENCH_OUT holds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -19,11 +21,25 @@ THREADS=${THREADS:-2}
 REQUEST_TIMEOUT=${REQUEST_TIMEOUT:-1800}
 SLOTS=32
 CTX=$((SLOTS * (512 + 128 + 64)))  # 32 slots x (longest W2 prompt + output + margin)
-WORK=$(mktemp -d -t minisgl-bench.XXXXXX)
+# BENCH_OUT=DIR keeps the raw JSON lines and server logs there (partial results survive an abort).
+WORK=${BENCH_OUT:-$(mktemp -d -t minisgl-bench.XXXXXX)}
+mkdir -p "$WORK"
 RESULTS=$WORK/results.jsonl
 SERVER_PID=""
 
 log() { echo "[cpu-bench] $*" >&2; }
+
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo '?')
+CMDLINE="RUNS=$RUNS WORKLOADS=\"$WORKLOADS\" SERVERS=\"$SERVERS\" bash scripts/cpu_bench.sh"
+EARLIER_ROWS=0
+[ -f "$RESULTS" ] && EARLIER_ROWS=$(grep -c '^{' "$RESULTS" || true)
+if [ "${REPORT_ONLY:-0}" = 1 ]; then
+    if [ -z "${BENCH_OUT:-}" ] || [ ! -f "$RESULTS" ]; then
+        log "REPORT_ONLY needs BENCH_OUT with a results.jsonl"; exit 2
+    fi
+    SERVERS=""
+    CMDLINE="REPORT_ONLY=1 BENCH_OUT=$BENCH_OUT bash scripts/cpu_bench.sh"
+fi
 
 stop_server() {
     [ -n "$SERVER_PID" ] || return 0
@@ -36,7 +52,7 @@ stop_server() {
     wait "$SERVER_PID" 2>/dev/null || true
     SERVER_PID=""
 }
-trap 'stop_server; rm -rf "$WORK"' EXIT
+trap 'stop_server; [ -n "${BENCH_OUT:-}" ] || rm -rf "$WORK"' EXIT
 trap 'exit 130' INT TERM
 
 free_port() { "$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
@@ -82,6 +98,9 @@ if [ "$needs_llama" = 1 ]; then
         mkdir -p "$(dirname "$F32_GGUF")"
         "$PY" scripts/peer/dequant_gguf.py "$Q41_GGUF" "$F32_GGUF"
     fi
+else
+    cached=$(ls "$CACHE"/build-*/bin/llama-server 2>/dev/null | head -1 || true)
+    if [ -n "$cached" ]; then LLAMA_VERSION=$("$cached" --version 2>&1 | grep -m1 -i version || echo unknown); fi
 fi
 
 # --- runs ------------------------------------------------------------------------------------------
@@ -110,8 +129,12 @@ report=$WORK/report.md
 {
     echo "## CPU serving benchmark, $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo
-    echo "- command: \`RUNS=$RUNS WORKLOADS=\"$WORKLOADS\" SERVERS=\"$SERVERS\" bash scripts/cpu_bench.sh\`" \
-         "(minisgl $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+    echo "- command: \`$CMDLINE\`" \
+         "(minisgl $COMMIT)"
+    if [ "$EARLIER_ROWS" != 0 ]; then
+        echo "- $EARLIER_ROWS of the rows below were measured by earlier invocations into the same" \
+             "BENCH_OUT (the runs column shows how many runs each row had)"
+    fi
     echo "- hardware: $cpu, $ncpu CPUs, $mem RAM; $flags; load average before/after: $load_before / $load_after"
     echo "- minisgl: \`python -m minisgl --device cpu --dtype float32 ${MINISGL_ARGS:-}\`"
     echo "- peer: llama.cpp llama-server ($LLAMA_VERSION, built from the llama-cpp-python sdist's vendored tree," \
