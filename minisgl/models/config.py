@@ -41,11 +41,19 @@ class ModelConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
+    # Which layers are sparse: layer i has experts unless i is in `mlp_only_layers` or
+    # (i + 1) is not a multiple of `decoder_sparse_step` (Qwen3-MoE); the others use a dense MLP.
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
     sliding_window: int | None = None
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    def is_sparse_layer(self, layer_id: int) -> bool:
+        step = max(1, self.decoder_sparse_step)
+        return self.is_moe and layer_id not in self.mlp_only_layers and (layer_id + 1) % step == 0
 
     def serving_context_len(self, max_model_len: int | None = None) -> int:
         """The context the engine serves: sliding-window attention is not implemented, so the
@@ -108,10 +116,13 @@ class ModelConfig:
             eos_ids=tuple(eos),
             bos_id=cfg.get("bos_token_id"),
             torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
-            num_experts=int(cfg.get("num_experts", 0) or 0),
+            # transformers 5 saves Qwen3-MoE's expert count as `num_local_experts`
+            num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
             num_experts_per_tok=int(cfg.get("num_experts_per_tok", 0) or 0),
             moe_intermediate_size=int(cfg.get("moe_intermediate_size", 0) or 0),
             norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+            decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
+            mlp_only_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
             sliding_window=int(sliding) if sliding else None,
         )
 
