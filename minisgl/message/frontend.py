@@ -8,10 +8,38 @@ from minisgl.core import FinishReason
 from minisgl.message.codec import wire
 
 
+@wire(tag=64)
+@dataclass(slots=True)
+class TopLogprob:
+    """One alternative: the token's text (`raw`: its exact bytes) and logprob."""
+
+    token_id: int
+    token: str
+    raw: bytes
+    logprob: float
+
+
+@wire(tag=65)
+@dataclass(slots=True)
+class TokenLogprob:
+    """A chosen token (`logprob` None: the first prompt token, which has none) and the top
+    alternatives at its position, best first."""
+
+    token_id: int
+    token: str
+    raw: bytes
+    logprob: float | None
+    top: list[TopLogprob] = field(default_factory=list)
+
+
 @wire(tag=60)
 @dataclass(slots=True)
 class TextDelta:
-    """New text of one request. `finish_reason` is set on its last delta, with final counts."""
+    """New text of one request. `finish_reason` is set on its last delta, with final counts.
+
+    `stop_reason`: what ended a "stop" finish: the stop string, or the stop token id (None: EOS).
+    `logprobs`: one entry per id of `token_ids` (requests that asked). `prompt_text` and
+    `prompt_logprobs` come once, on the first delta of an `echo` request."""
 
     rid: int
     text: str
@@ -20,6 +48,10 @@ class TextDelta:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    stop_reason: str | int | None = None
+    logprobs: list[TokenLogprob] | None = None
+    prompt_text: str | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @wire(tag=61)
@@ -46,7 +78,8 @@ class ErrorMsg:
 @wire(tag=63)
 @dataclass(slots=True)
 class StatsMsg:
-    """Answer to `StatsReqMsg(query_id)`: page and queue counts of scheduler rank 0."""
+    """Answer to `StatsReqMsg(query_id)`: page and queue counts of scheduler rank 0, and the
+    prompt tokens of every admitted request so far with how many of them the prefix cache held."""
 
     query_id: int
     total_pages: int
@@ -55,6 +88,37 @@ class StatsMsg:
     evictable_pages: int
     running: int
     waiting: int
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
 
 
-FrontendMsg = TextDeltaMsg | ErrorMsg | StatsMsg
+@wire(tag=66)
+@dataclass(slots=True)
+class TokensMsg:
+    """Answer to `TokenizeQueryMsg`: the prompt's token ids (chat template applied)."""
+
+    query_id: int
+    token_ids: list[int]
+
+
+@wire(tag=67)
+@dataclass(slots=True)
+class DetokenizedMsg:
+    """Answer to `DetokenizeQueryMsg`."""
+
+    query_id: int
+    text: str
+
+
+@wire(tag=68)
+@dataclass(slots=True)
+class QueryErrorMsg:
+    """A tokenize / detokenize query the tokenizer refused (HTTP 400 naming `param`)."""
+
+    query_id: int
+    message: str
+    param: str | None = None
+
+
+QueryReply = StatsMsg | TokensMsg | DetokenizedMsg | QueryErrorMsg
+FrontendMsg = TextDeltaMsg | ErrorMsg | QueryReply

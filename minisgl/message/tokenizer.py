@@ -8,6 +8,11 @@ from typing import Any
 from minisgl.core import FinishReason, SamplingParams
 from minisgl.message.codec import wire
 
+# (logprob of the token, [(alternative token id, its logprob)] best first); tuples become lists
+# on the wire.
+RawLogprob = tuple[float, list[tuple[int, float]]]
+RawPromptLogprob = tuple[float | None, list[tuple[int, float]]]
+
 # --- prompt variants (one type per kind of input) -------------------------------------------
 
 
@@ -22,11 +27,17 @@ class TextPrompt:
 @wire(tag=41)
 @dataclass(slots=True)
 class ChatPrompt:
-    """OpenAI chat messages: `{"role": ..., "content": str | [{"type": "text", "text": ...}]}`.
+    """OpenAI chat messages: `{"role": ..., "content": str | [{"type": "text", "text": ...}]}`,
+    assistant `tool_calls` and `tool` results included.
 
-    The API server has validated roles and part types; the tokenizer applies the chat template."""
+    The API server has validated roles and part types; the tokenizer applies the chat template.
+    `tools`: OpenAI function tools offered to the model (rendered by the template, or into the
+    system prompt when the template has no tool support). `template_kwargs`: extra variables for
+    the template (`chat_template_kwargs`, e.g. `enable_thinking`)."""
 
     messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @wire(tag=42)
@@ -50,13 +61,36 @@ class TokenizeMsg:
 
     `max_tokens_explicit` is False when the client gave no limit: `sampling.max_tokens` is then a
     ceiling that the tokenizer lowers to what fits in the context after the prompt, instead of
-    rejecting the request."""
+    rejecting the request. `include_stop`: a matched stop string (or stop token's text) stays in
+    the output. `echo`: the first delta carries the prompt's text (and its logprobs, if asked)."""
 
     rid: int
     prompt: Prompt
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens_explicit: bool = True
     stop: list[str] = field(default_factory=list)
+    include_stop: bool = False
+    echo: bool = False
+
+
+@wire(tag=47)
+@dataclass(slots=True)
+class TokenizeQueryMsg:
+    """`POST /tokenize`: tokenize (and template) a prompt without running it. Answered with
+    `TokensMsg` or `QueryErrorMsg` carrying the same `query_id`."""
+
+    query_id: int
+    prompt: Prompt
+    add_special_tokens: bool = True
+
+
+@wire(tag=48)
+@dataclass(slots=True)
+class DetokenizeQueryMsg:
+    """`POST /detokenize`: ids -> text. Answered with `DetokenizedMsg` or `QueryErrorMsg`."""
+
+    query_id: int
+    token_ids: list[int]
 
 
 # --- to the detokenizer ---------------------------------------------------------------------
@@ -68,17 +102,28 @@ class DetokRegisterMsg:
     """Sent by the tokenizer before the request reaches the scheduler.
 
     `prompt_tail_ids`: the last few prompt tokens, so the first output token decodes with the
-    same spacing as it would in the full text. `stop`: strings that end the request (not emitted)."""
+    same spacing as it would in the full text. `stop`: strings that end the request (not emitted
+    unless `include_stop`); they are looked for once `min_tokens` tokens exist. `stop_token_ids`:
+    a request ended by one of them reports it as its stop reason, and its text is dropped unless
+    `include_stop`. `echo_ids`: the whole prompt, when its text goes back to the client."""
 
     rid: int
     prompt_tail_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop: bool = False
+    min_tokens: int = 0
+    echo_ids: list[int] = field(default_factory=list)
 
 
 @wire(tag=45)
 @dataclass(slots=True)
 class TokenOut:
-    """New tokens of one request in one scheduler step. The counts are totals so far."""
+    """New tokens of one request in one scheduler step. The counts are totals so far.
+
+    `logprobs` (requests that asked): per token of `token_ids`, its logprob and the top
+    alternatives `[(token_id, logprob)]`, best first. `prompt_logprobs`: the same for every prompt
+    token (None for the first), sent once with the first output."""
 
     rid: int
     token_ids: list[int]
@@ -86,6 +131,8 @@ class TokenOut:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
+    logprobs: list[RawLogprob] | None = None
+    prompt_logprobs: list[RawPromptLogprob] | None = None
 
 
 @wire(tag=46)

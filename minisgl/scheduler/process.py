@@ -51,6 +51,10 @@ class SchedulerLoop:
         self.running = True
         # Tokens the KV pool can hold at all: the ceiling of a request with no max_tokens.
         self.pool_tokens = scheduler.stats().total_pages * scheduler.page_size
+        # Prompt tokens of every request that produced its first token, and the prefix-cache hits
+        # among them (the /metrics hit rate).
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
 
     def run(self) -> None:
         while self.running:
@@ -62,9 +66,13 @@ class SchedulerLoop:
             self._handle(msg, outs)
         if self.scheduler.has_work():
             for out in self.scheduler.step():
+                if out.output_tokens == 1 and out.token_ids:
+                    self.prompt_tokens += out.prompt_tokens
+                    self.cached_tokens += out.cached_tokens
                 outs.append(
                     TokenOut(out.rid, out.token_ids, out.finish_reason,  # type: ignore[arg-type]
-                             out.prompt_tokens, out.cached_tokens, out.output_tokens)
+                             out.prompt_tokens, out.cached_tokens, out.output_tokens,
+                             getattr(out, "logprobs", None), getattr(out, "prompt_logprobs", None))
                 )
         if outs and self.to_detok is not None:
             self.to_detok.put(TokenOutMsg(outs))
@@ -84,7 +92,7 @@ class SchedulerLoop:
         if isinstance(msg, TokenizedMsg):
             sampling = msg.sampling
             if not msg.max_tokens_explicit:
-                room = self.pool_tokens - len(msg.input_ids)
+                room = max(self.pool_tokens - len(msg.input_ids), sampling.min_tokens)
                 if 0 < room < sampling.max_tokens:
                     sampling = replace(sampling, max_tokens=room)
             try:
@@ -102,8 +110,8 @@ class SchedulerLoop:
             if self.to_frontend is not None:
                 s = self.scheduler.stats()
                 self.to_frontend.put(
-                    StatsMsg(msg.query_id, s.total_pages, s.free_pages, s.cached_pages,
-                             s.evictable_pages, s.running, s.waiting)
+                    StatsMsg(msg.query_id, s.total_pages, s.free_pages, s.cached_pages, s.evictable_pages,
+                             s.running, s.waiting, self.prompt_tokens, self.cached_tokens)
                 )
         elif isinstance(msg, ShutdownMsg):
             self.running = False

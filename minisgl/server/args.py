@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from minisgl.engine.config import EngineConfig
+from minisgl.env import ENV
 from minisgl.scheduler.config import SchedulerConfig
 
 PROG = "python -m minisgl"
@@ -25,6 +26,8 @@ class ServerConfig:
     shell: bool = False
     served_model_name: str | None = None
     startup_timeout: float = 600.0
+    api_key: str | None = None
+    cors_origins: tuple[str, ...] = ()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -78,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog=PROG,
         description="minisgl: an LLM inference engine with an OpenAI-compatible HTTP server "
-        "(POST /v1/chat/completions, /v1/completions, /generate; GET /v1/models, /health, "
-        "/v1/internal/stats), or an interactive chat with --shell.",
+        "(POST /v1/chat/completions, /v1/completions, /generate, /tokenize, /detokenize; GET /v1/models, "
+        "/health, /metrics, /v1/internal/stats), or an interactive chat with --shell.",
     )
     m = p.add_argument_group("model")
     m.add_argument("--model", default=None, help="a Hugging Face model directory, a .gguf file or a hub id "
@@ -109,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--startup-timeout", type=_positive_float, default=600.0,
                    help="seconds to wait for every worker to be ready (default: 600)")  # fmt: skip
     s.add_argument("--shell", action="store_true", help="chat in the terminal instead of serving HTTP")
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but "
+                   "/health and /metrics (default: $MINISGL_API_KEY, else no key)")  # fmt: skip
+    s.add_argument("--cors-origins", nargs="+", default=[], metavar="ORIGIN",
+                   help="origins allowed to call the server from a browser ('*' for any)")  # fmt: skip
     return p
 
 
@@ -130,7 +137,10 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         )
     except ValueError as exc:
         fail(str(exc))
+    if args.api_key is not None and not args.api_key.strip():
+        fail("--api-key must not be empty")
     return ServerConfig(
         engine=engine, sched=sched, host=args.host, port=args.port, shell=args.shell,
         served_model_name=args.served_model_name, startup_timeout=args.startup_timeout,
+        api_key=args.api_key or ENV.api_key, cors_origins=tuple(args.cors_origins),
     )  # fmt: skip

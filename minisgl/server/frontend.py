@@ -11,10 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from minisgl.message.frontend import ErrorMsg, StatsMsg, TextDelta, TextDeltaMsg
+from minisgl.message.frontend import (
+    DetokenizedMsg,
+    ErrorMsg,
+    QueryErrorMsg,
+    QueryReply,
+    StatsMsg,
+    TextDelta,
+    TextDeltaMsg,
+    TokensMsg,
+)
 from minisgl.message.scheduler import AbortMsg, StatsReqMsg
 from minisgl.message.tokenizer import TokenizeMsg
 from minisgl.utils.logging import get_logger
@@ -23,6 +33,16 @@ from minisgl.utils.zmq import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 logger = get_logger(__name__)
 
 Reply = TextDelta | ErrorMsg
+
+
+class ReplyObserver(Protocol):
+    """Sees every request open and every reply as it arrives (the /metrics timings)."""
+
+    def opened(self, rids: list[int]) -> None: ...
+
+    def reply(self, reply: Reply) -> None: ...
+
+    def forget(self, rids: list[int]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -65,14 +85,15 @@ class Inbox:
 
 
 class FrontendManager:
-    def __init__(self, addrs: FrontendAddrs) -> None:
+    def __init__(self, addrs: FrontendAddrs, observer: ReplyObserver | None = None) -> None:
         self.recv: ZmqAsyncPullQueue[object] = ZmqAsyncPullQueue(addrs.recv)
         self.to_tokenizer: ZmqAsyncPushQueue[object] = ZmqAsyncPushQueue(addrs.tokenizer)
         self.to_scheduler: ZmqAsyncPushQueue[object] = ZmqAsyncPushQueue(addrs.scheduler)
         self._rids = itertools.count()
         self._query_ids = itertools.count()
         self._inboxes: dict[int, Inbox] = {}
-        self._stats: dict[int, asyncio.Future[StatsMsg]] = {}
+        self._queries: dict[int, asyncio.Future[QueryReply]] = {}
+        self.observer = observer
         self._listener: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.dead: str | None = None  # set once a worker died: every request fails with 503
@@ -115,6 +136,8 @@ class FrontendManager:
         inbox = Inbox(rids, notify_each)
         for rid in rids:
             self._inboxes[rid] = inbox
+        if self.observer is not None:
+            self.observer.opened(rids)
         return inbox
 
     async def submit(self, msgs: list[TokenizeMsg]) -> None:
@@ -140,22 +163,30 @@ class FrontendManager:
         pending = [rid for rid in inbox.rids if rid in inbox.unfinished]
         for rid in inbox.rids:
             self._inboxes.pop(rid, None)
+        if self.observer is not None:
+            self.observer.forget(inbox.rids)
         for rid in pending:
             logger.info("Aborting request %d", rid)
             inbox.unfinished.discard(rid)
             # Sync send: this also runs from `finally` blocks of cancelled tasks.
             self.to_tokenizer.put_nowait(AbortMsg(rid))
 
-    # ------------------------------------------------------------------ stats
-    async def stats(self, timeout: float = 5.0) -> StatsMsg:
+    # ------------------------------------------------------------------ queries
+    async def query(self, make: Callable[[int], object], to_tokenizer: bool, timeout: float = 5.0) -> QueryReply:
+        """Send `make(query_id)` to the tokenizer (or scheduler rank 0) and await its answer."""
         query = next(self._query_ids)
-        future: asyncio.Future[StatsMsg] = asyncio.get_running_loop().create_future()
-        self._stats[query] = future
+        future: asyncio.Future[QueryReply] = asyncio.get_running_loop().create_future()
+        self._queries[query] = future
         try:
-            await self.to_scheduler.put(StatsReqMsg(query))
+            await (self.to_tokenizer if to_tokenizer else self.to_scheduler).put(make(query))
             return await asyncio.wait_for(future, timeout)
         finally:
-            self._stats.pop(query, None)
+            self._queries.pop(query, None)
+
+    async def stats(self, timeout: float = 5.0) -> StatsMsg:
+        reply = await self.query(StatsReqMsg, to_tokenizer=False, timeout=timeout)
+        assert isinstance(reply, StatsMsg)
+        return reply
 
     # ------------------------------------------------------------------ listener
     async def _listen(self) -> None:
@@ -171,15 +202,19 @@ class FrontendManager:
     def _dispatch(self, msg: object) -> None:
         if isinstance(msg, TextDeltaMsg):
             for delta in msg.deltas:
+                if self.observer is not None:
+                    self.observer.reply(delta)
                 inbox = self._inboxes.get(delta.rid)
                 if inbox is not None:  # else: finished or aborted already
                     inbox.push(delta)
         elif isinstance(msg, ErrorMsg):
+            if self.observer is not None:
+                self.observer.reply(msg)
             inbox = self._inboxes.get(msg.rid)
             if inbox is not None:
                 inbox.push(msg)
-        elif isinstance(msg, StatsMsg):
-            future = self._stats.get(msg.query_id)
+        elif isinstance(msg, (StatsMsg, TokensMsg, DetokenizedMsg, QueryErrorMsg)):
+            future = self._queries.get(msg.query_id)
             if future is not None and not future.done():
                 future.set_result(msg)
         else:

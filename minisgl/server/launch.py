@@ -250,7 +250,8 @@ def _serve(config: ServerConfig, procs: ServiceProcesses, sock: socket.socket, s
 
     from minisgl.server.api_server import AppState, create_app
 
-    state = AppState(procs.frontend_addrs, served, context_len, procs.health, started=int(time.time()))
+    state = AppState(procs.frontend_addrs, served, context_len, procs.health, started=int(time.time()),
+                     api_key=config.api_key, cors_origins=list(config.cors_origins))  # fmt: skip
     server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=2, lifespan="on"))  # fmt: skip
     failed: list[str] = []

@@ -3,17 +3,18 @@
 Every field the server does not implement is either harmless (accepted and ignored: `user`,
 `metadata`, ...) or changes the result, in which case a non-default value is rejected with a
 400 naming the field. Unknown fields are rejected too: nothing is silently ignored.
+Chat bodies (messages, tools) are in chat_protocol.py.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+import re
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from minisgl.core import SamplingParams
-
-ROLES = ("system", "user", "assistant", "developer")
 
 
 class RequestError(ValueError):
@@ -33,8 +34,15 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+def _in_range(name: str, value: float | None, low: float, high: float) -> None:
+    if value is not None and not low <= value <= high:
+        raise RequestError(f"'{name}' must be in [{low:g}, {high:g}], got {value}", name)
+
+
 class _SamplingFields(_Strict):
-    """Sampling controls shared by chat and completions, plus unsupported knobs to police."""
+    """Sampling controls shared by chat and completions (OpenAI's, plus vLLM/SGLang extensions:
+    top_k, min_p, repetition_penalty, min_tokens, stop_token_ids, include_stop_str_in_output,
+    ignore_eos, regex)."""
 
     model: str | None = None
     stream: bool = False
@@ -45,19 +53,23 @@ class _SamplingFields(_Strict):
     top_k: int | None = None
     min_p: float | None = None
     stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     seed: int | None = None
     max_tokens: int | None = None
+    min_tokens: int = 0
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    regex: str | None = None
     # Harmless: accepted, no effect on the output.
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
     service_tier: str | None = None
-    # Implemented only at their neutral value.
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
 
     @field_validator("n")
     @classmethod
@@ -101,6 +113,13 @@ class _SamplingFields(_Strict):
             raise ValueError("max_tokens must be at least 1")
         return v
 
+    @field_validator("min_tokens")
+    @classmethod
+    def _min_tokens(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError("min_tokens must be >= 0")
+        return v
+
     @field_validator("stop")
     @classmethod
     def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
@@ -108,17 +127,48 @@ class _SamplingFields(_Strict):
             raise ValueError("at most 16 stop strings are supported")
         return v
 
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_token_ids(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(t < 0 for t in v):
+            raise ValueError("token ids must be >= 0")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"keys must be token ids (non-negative integers as strings), got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"the bias of token {key} must be in [-100, 100], got {bias}")
+        return v
+
+    @field_validator("regex")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from None
+        return v
+
     @model_validator(mode="after")
-    def _neutral_only(self) -> _SamplingFields:
-        for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise RequestError(f"'{name}' is not supported (only 0)", name)
-        if self.repetition_penalty not in (None, 1, 1.0):
-            raise RequestError("'repetition_penalty' is not supported (only 1.0)", "repetition_penalty")
-        if self.logit_bias:
-            raise RequestError("'logit_bias' is not supported", "logit_bias")
+    def _cross_checks(self) -> _SamplingFields:
+        _in_range("frequency_penalty", self.frequency_penalty, -2, 2)
+        _in_range("presence_penalty", self.presence_penalty, -2, 2)
+        if self.repetition_penalty is not None and not 0 < self.repetition_penalty <= 10:
+            raise RequestError("'repetition_penalty' must be in (0, 10]", "repetition_penalty")
         if self.stream_options is not None and not self.stream:
             raise RequestError("'stream_options' is only allowed with stream=true", "stream_options")
+        limit = self.requested_max_tokens()
+        if limit is not None and self.min_tokens > limit:
+            raise RequestError(f"'min_tokens' ({self.min_tokens}) must not exceed max_tokens ({limit})", "min_tokens")
+        structured = structured_output(self.response_format)
+        if structured[0] is not None or structured[1]:
+            if self.regex is not None:
+                raise RequestError("give either 'response_format' or 'regex', not both", "regex")
         return self
 
     def stop_list(self) -> list[str]:
@@ -130,19 +180,40 @@ class _SamplingFields(_Strict):
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
+    def logprob_counts(self) -> tuple[int | None, int | None]:
+        """(logprobs, prompt_logprobs) for SamplingParams."""
+        return None, None
+
     def sampling(self, default_max_tokens: int) -> tuple[SamplingParams, bool]:
         """SamplingParams, and whether max_tokens was given (else: the default is a ceiling)."""
         given = self.requested_max_tokens()
         top_k = None if self.top_k in (None, 0, -1) else self.top_k
-        params = SamplingParams(
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_k=top_k,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            min_p=0.0 if self.min_p is None else self.min_p,
-            max_tokens=given if given is not None else default_max_tokens,
-            ignore_eos=self.ignore_eos,
-            seed=self.seed,
-        )
+        json_schema, json_object = structured_output(self.response_format)
+        logprobs, prompt_logprobs = self.logprob_counts()
+        try:
+            params = SamplingParams(
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_k=top_k,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                min_p=0.0 if self.min_p is None else self.min_p,
+                max_tokens=given if given is not None else max(default_max_tokens, self.min_tokens),
+                ignore_eos=self.ignore_eos,
+                seed=self.seed,
+                stop_token_ids=list(self.stop_token_ids or []),
+                presence_penalty=self.presence_penalty or 0.0,
+                frequency_penalty=self.frequency_penalty or 0.0,
+                repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                logit_bias={int(k): float(v) for k, v in (self.logit_bias or {}).items()},
+                min_tokens=self.min_tokens,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                json_schema=json_schema,
+                json_object=json_object,
+                regex=self.regex,
+            )
+        except ValueError as exc:  # what the field validators cannot see alone
+            first = str(exc).split(" ", 1)[0]
+            raise RequestError(str(exc), first if first in type(self).model_fields else None) from None
         return params, given is not None
 
     @property
@@ -150,71 +221,60 @@ class _SamplingFields(_Strict):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-class ChatCompletionRequest(_SamplingFields):
-    messages: list[dict[str, Any]]
-    max_completion_tokens: int | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
-    tools: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-
-    @field_validator("messages")
-    @classmethod
-    def _messages(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if not v:
-            raise ValueError("messages must not be empty")
-        return [_check_message(i, m) for i, m in enumerate(v)]
-
-    @field_validator("max_completion_tokens")
-    @classmethod
-    def _max_completion_tokens(cls, v: int | None) -> int | None:
-        if v is not None and v < 1:
-            raise ValueError("max_completion_tokens must be at least 1")
-        return v
-
-    @model_validator(mode="after")
-    def _unsupported(self) -> ChatCompletionRequest:
-        if self.logprobs:
-            raise RequestError("'logprobs' is not supported", "logprobs")
-        if self.top_logprobs:
-            raise RequestError("'top_logprobs' is not supported", "top_logprobs")
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise RequestError("only response_format {'type': 'text'} is supported", "response_format")
-        if self.tools:
-            raise RequestError("'tools' are not supported", "tools")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise RequestError("'tool_choice' is not supported", "tool_choice")
-        return self
-
-    def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
-
-def _check_message(index: int, message: dict[str, Any]) -> dict[str, Any]:
-    where = f"messages[{index}]"
-    extra = set(message) - {"role", "content", "name"}
+def structured_output(response_format: dict[str, Any] | None) -> tuple[str | None, bool]:
+    """OpenAI `response_format` -> (serialized JSON schema, json_object); RequestError if bad."""
+    if response_format is None:
+        return None, False
+    kind = response_format.get("type")
+    allowed = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
+    if kind not in allowed:
+        raise RequestError("response_format.type must be 'text', 'json_object' or 'json_schema'",
+                           "response_format.type")  # fmt: skip
+    extra = set(response_format) - allowed[kind]
     if extra:
-        raise ValueError(f"{where}: unsupported field '{sorted(extra)[0]}'")
-    role = message.get("role")
-    if role not in ROLES:
-        raise ValueError(f"{where}: unknown role {role!r}; expected one of {', '.join(ROLES)}")
-    content = message.get("content")
-    if content is None and role != "assistant":
-        raise ValueError(f"{where}: 'content' is required")
-    if isinstance(content, list):
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text":
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise ValueError(f"{where}.content[{j}]: content part type {kind!r} is not supported, only 'text'")
-            if not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
-                raise ValueError(f"{where}.content[{j}]: a text part is {{'type': 'text', 'text': <string>}}")
-    elif content is not None and not isinstance(content, str):
-        raise ValueError(f"{where}: 'content' must be a string or a list of text parts")
-    if "name" in message and not isinstance(message["name"], str):
-        raise ValueError(f"{where}: 'name' must be a string")
-    return {"role": "system" if role == "developer" else role, "content": content}
+        raise RequestError(f"Unsupported field 'response_format.{sorted(extra)[0]}'", "response_format")
+    if kind == "text":
+        return None, False
+    if kind == "json_object":
+        return None, True
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict):
+        raise RequestError("response_format.json_schema must be an object with 'name' and 'schema'",
+                           "response_format.json_schema")  # fmt: skip
+    extra = set(spec) - {"name", "schema", "strict", "description"}
+    if extra:
+        raise RequestError(f"Unsupported field 'response_format.json_schema.{sorted(extra)[0]}'",
+                           "response_format.json_schema")  # fmt: skip
+    if not isinstance(spec.get("name"), str) or not NAME_PATTERN.fullmatch(spec["name"]):
+        raise RequestError("response_format.json_schema.name must be a string of a-z, A-Z, 0-9, _ and - "
+                           "(at most 64)", "response_format.json_schema.name")  # fmt: skip
+    schema = spec.get("schema", {})
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise RequestError(f"response_format.json_schema.schema is not a valid JSON schema: {problem}",
+                           "response_format.json_schema.schema")  # fmt: skip
+    if not isinstance(spec.get("strict", False), (bool, type(None))):
+        raise RequestError("response_format.json_schema.strict must be a boolean",
+                           "response_format.json_schema.strict")  # fmt: skip
+    return json.dumps(schema, ensure_ascii=False), False
+
+
+NAME_PATTERN = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def schema_problem(schema: Any) -> str | None:
+    """Why `schema` is not a JSON schema object (checked against the 2020-12 meta-schema)."""
+    if not isinstance(schema, dict):
+        return "it must be a JSON object"
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        return f"{exc.message}" + (f" (at {where})" if where else "")
+    return None
 
 
 class CompletionRequest(_SamplingFields):
@@ -224,6 +284,16 @@ class CompletionRequest(_SamplingFields):
     best_of: int | None = None
     suffix: str | None = None
 
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, v: int | None) -> int | None:
+        if v is not None and not 0 <= v <= 20:
+            raise ValueError("logprobs must be in [0, 20]")
+        return v
+
+    def logprob_counts(self) -> tuple[int | None, int | None]:
+        return self.logprobs, self.logprobs if self.echo else None
+
     @field_validator("prompt")
     @classmethod
     def _prompt(cls, v: Any) -> Any:
@@ -232,10 +302,6 @@ class CompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _unsupported(self) -> CompletionRequest:
-        if self.echo:
-            raise RequestError("'echo' is not supported", "echo")
-        if self.logprobs:
-            raise RequestError("'logprobs' is not supported", "logprobs")
         if self.best_of not in (None, self.n):
             raise RequestError("'best_of' is not supported", "best_of")
         if self.suffix:
@@ -274,6 +340,12 @@ class GenerateSampling(_Strict):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     seed: int | None = None
+    min_new_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    json_schema: str | None = None
+    regex: str | None = None
 
 
 class GenerateRequest(_Strict):
@@ -297,6 +369,9 @@ class GenerateRequest(_Strict):
                 temperature=sp.temperature, top_k=None if sp.top_k in (0, -1) else sp.top_k,
                 top_p=sp.top_p, min_p=sp.min_p, max_tokens=sp.max_new_tokens,
                 ignore_eos=sp.ignore_eos, seed=sp.seed, stop_token_ids=list(sp.stop_token_ids or []),
+                min_tokens=sp.min_new_tokens, presence_penalty=sp.presence_penalty,
+                frequency_penalty=sp.frequency_penalty, repetition_penalty=sp.repetition_penalty,
+                json_schema=sp.json_schema, regex=sp.regex,
             )  # fmt: skip
         except ValueError as exc:
             raise RequestError(str(exc), "sampling_params") from None

@@ -1,6 +1,8 @@
 """OpenAI response objects and SSE framing, built from text deltas.
 
-Kept apart from the routes so the exact object shapes are in one place.
+Kept apart from the routes so the exact object shapes are in one place. Every choice carries
+vLLM's `stop_reason` next to `finish_reason`: the stop string or stop token id that ended it
+(None for EOS, length or a tool call).
 """
 
 from __future__ import annotations
@@ -8,12 +10,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
 
-from minisgl.message.frontend import TextDelta
+from minisgl.message.frontend import TextDelta, TokenLogprob
+from minisgl.server.choice import ChoiceOptions, ChoiceState, ChoiceUpdate
+from minisgl.server.logprobs import CompletionLogprobs, chat_logprobs
 
 Kind = Literal["chat", "completion"]
 DONE = b"data: [DONE]\n\n"
@@ -25,9 +28,10 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 
 
 def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
-    kind = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
-            503: "service_unavailable"}.get(status, "server_error")  # fmt: skip
-    code = {404: "not_found", 405: "method_not_allowed", 503: "service_unavailable"}.get(status)
+    kind = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
+            405: "invalid_request_error", 503: "service_unavailable"}.get(status, "server_error")  # fmt: skip
+    code = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed",
+            503: "service_unavailable"}.get(status)  # fmt: skip
     return JSONResponse(error_body(message, kind, param, code), status_code=status)
 
 
@@ -35,49 +39,31 @@ def sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
-@dataclass
-class ChoiceState:
-    text_parts: list[str] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-
-    def add(self, delta: TextDelta) -> None:
-        self.text_parts.append(delta.text)
-        self.token_ids.extend(delta.token_ids)
-        if delta.finish_reason is not None:
-            self.finish_reason = delta.finish_reason
-            self.prompt_tokens = delta.prompt_tokens
-            self.cached_tokens = delta.cached_tokens
-            self.completion_tokens = delta.completion_tokens
-
-    @property
-    def text(self) -> str:
-        return "".join(self.text_parts)
-
-
 class ResponseBuilder:
     """The objects of one client request (chat or text completion) with `n` choices.
 
-    `shared_prompt`: every choice has the same prompt (chat, n > 1), so usage counts it once."""
+    `shared_prompt`: every choice has the same prompt (chat, n > 1), so usage counts it once.
+    `echo_texts`: per choice, the prompt string to echo (completions with echo; None: use the
+    detokenized prompt, for token-id prompts)."""
 
-    def __init__(self, kind: Kind, model: str, rids: list[int], shared_prompt: bool) -> None:
+    def __init__(self, kind: Kind, model: str, rids: list[int], shared_prompt: bool,
+                 options: ChoiceOptions | None = None, echo_texts: list[str | None] | None = None) -> None:  # fmt: skip
         self.kind = kind
         self.model = model
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.index = {rid: i for i, rid in enumerate(rids)}
-        self.choices = [ChoiceState() for _ in rids]
+        self.options = options or ChoiceOptions()
+        texts = echo_texts or [None] * len(rids)
+        self.choices = [ChoiceState(self.options, texts[i]) for i in range(len(rids))]
+        self.offsets = [CompletionLogprobs() for _ in rids]  # completions' text_offset, per choice
+        self.pending: list[list[TokenLogprob]] = [[] for _ in rids]  # logprobs of held-back text
         self.shared_prompt = shared_prompt
         self.object = "chat.completion" if kind == "chat" else "text_completion"
         self.chunk_object = "chat.completion.chunk" if kind == "chat" else "text_completion"
 
-    def add(self, delta: TextDelta) -> ChoiceState:
-        choice = self.choices[self.index[delta.rid]]
-        choice.add(delta)
-        return choice
+    def add(self, delta: TextDelta) -> ChoiceUpdate:
+        return self.choices[self.index[delta.rid]].add(delta)
 
     def usage(self) -> dict[str, Any]:
         if self.shared_prompt:
@@ -94,15 +80,27 @@ class ResponseBuilder:
             "prompt_tokens_details": {"cached_tokens": cached},
         }
 
+    def _logprobs(self, i: int, entries: list[TokenLogprob]) -> dict[str, Any] | None:
+        if not self.options.logprobs:
+            return None
+        if self.kind == "chat":
+            return chat_logprobs(entries)
+        return self.offsets[i].build(entries)
+
     # ------------------------------------------------------------------ non-streaming
     def full(self) -> dict[str, Any]:
         choices: list[dict[str, Any]] = []
         for i, c in enumerate(self.choices):
+            logprobs = self._logprobs(i, c.logprobs)
             if self.kind == "chat":
-                message = {"role": "assistant", "content": c.text}
-                choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": c.finish_reason})
+                message: dict[str, Any] = {"role": "assistant", "content": c.text}
+                if c.calls:
+                    message = {"role": "assistant", "content": c.text or None, "tool_calls": c.calls}
+                choice = {"index": i, "message": message}
             else:
-                choices.append({"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason})
+                choice = {"index": i, "text": c.text}
+            choice.update(logprobs=logprobs, finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+            choices.append(choice)
         return {
             "id": self.id,
             "object": self.object,
@@ -125,15 +123,24 @@ class ResponseBuilder:
         )  # fmt: skip
 
     def delta_chunk(self, delta: TextDelta) -> bytes | None:
-        """The chunk for one delta; the finishing delta carries its finish_reason."""
+        """The chunk for one delta; the finishing delta carries its finish_reason. Logprobs of
+        text held back (stop strings, tool-call markup) ride with the next chunk."""
         i = self.index[delta.rid]
-        if not delta.text and delta.finish_reason is None:
+        update = self.add(delta)
+        self.pending[i] += update.logprobs
+        if not update.content and not update.calls and update.finish_reason is None:
             return None
+        logprobs = self._logprobs(i, self.pending[i]) if self.pending[i] else None
+        self.pending[i] = []
+        choice: dict[str, Any] = {"index": i}
         if self.kind == "chat":
-            body: dict[str, Any] = {"content": delta.text} if delta.text else {}
-            choice = {"index": i, "delta": body, "logprobs": None, "finish_reason": delta.finish_reason}
+            body: dict[str, Any] = {"content": update.content} if update.content else {}
+            if update.calls:
+                body["tool_calls"] = [call.to_json() for call in update.calls]
+            choice["delta"] = body
         else:
-            choice = {"index": i, "text": delta.text, "logprobs": None, "finish_reason": delta.finish_reason}
+            choice["text"] = update.content
+        choice.update(logprobs=logprobs, finish_reason=update.finish_reason, stop_reason=update.stop_reason)
         return self._chunk([choice])
 
     def usage_chunk(self) -> bytes:

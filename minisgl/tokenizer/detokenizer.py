@@ -15,6 +15,7 @@ from minisgl.message.frontend import ErrorMsg, TextDeltaMsg
 from minisgl.message.scheduler import AbortMsg, ShutdownMsg
 from minisgl.message.tokenizer import DetokRegisterMsg, TokenOutMsg
 from minisgl.tokenizer.incremental import BatchDecode, DetokResult, IncrementalDetokenizer
+from minisgl.tokenizer.token_text import TokenText, fast_token_text, slow_token_text
 from minisgl.utils.logging import get_logger
 from minisgl.utils.process import ReadyReporter
 from minisgl.utils.zmq import ZmqPullQueue, ZmqPushQueue
@@ -29,9 +30,10 @@ class DetokenizerAddrs:
     frontend: str
 
 
-def make_batch_decode(model_dir: str) -> BatchDecode:
-    """Prefer the Rust `tokenizers` object (fast to load, batched decode without space clean-up);
-    fall back to transformers for tokenizers without a tokenizer.json."""
+def make_decoders(model_dir: str) -> tuple[BatchDecode, TokenText]:
+    """Batched decode and per-token text (for logprobs). Prefer the Rust `tokenizers` object
+    (fast to load, batched decode without space clean-up); fall back to transformers for
+    tokenizers without a tokenizer.json."""
     path = Path(model_dir) / "tokenizer.json"
     if path.is_file():
         from tokenizers import Tokenizer
@@ -41,7 +43,7 @@ def make_batch_decode(model_dir: str) -> BatchDecode:
         def decode_fast(seqs: list[list[int]]) -> list[str]:
             return list(fast.decode_batch(seqs, skip_special_tokens=True))
 
-        return decode_fast
+        return decode_fast, fast_token_text(fast)
     from transformers import AutoTokenizer
 
     slow: Any = AutoTokenizer.from_pretrained(model_dir)
@@ -51,7 +53,7 @@ def make_batch_decode(model_dir: str) -> BatchDecode:
             slow.decode(seq, skip_special_tokens=True, clean_up_tokenization_spaces=False) for seq in seqs
         ]
 
-    return decode_hf
+    return decode_hf, slow_token_text(slow)
 
 
 def run_detokenizer(model_dir: str, addrs: DetokenizerAddrs, ready: ReadyReporter) -> None:
@@ -59,7 +61,7 @@ def run_detokenizer(model_dir: str, addrs: DetokenizerAddrs, ready: ReadyReporte
     recv: ZmqPullQueue[object] = ZmqPullQueue(addrs.recv)
     to_sched: ZmqPushQueue[object] = ZmqPushQueue(addrs.scheduler)
     to_front: ZmqPushQueue[object] = ZmqPushQueue(addrs.frontend)
-    detok = IncrementalDetokenizer(make_batch_decode(model_dir))
+    detok = IncrementalDetokenizer(*make_decoders(model_dir))
     ready.ready()
 
     def send(result: DetokResult) -> None:

@@ -6,7 +6,8 @@ Pure logic (no sockets) so it is unit-tested directly. Three rules:
 - never re-emit text: each request decodes only a short window of its newest tokens, and only the
   part after the already-emitted window is sent;
 - stop strings are never emitted: text that could still grow into a stop string is held back, and
-  on a match the request finishes with "stop" (the caller aborts it in the scheduler).
+  on a match the request finishes with "stop" (the caller aborts it in the scheduler); with
+  `include_stop` the matched string is kept. A stop token id's own text is dropped likewise.
 Special tokens are skipped by the decode function; added non-special tokens (e.g. `<think>`)
 decode as one piece and so arrive whole.
 """
@@ -17,8 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from minisgl.core import FinishReason
-from minisgl.message.frontend import ErrorMsg, TextDelta
+from minisgl.message.frontend import ErrorMsg, TextDelta, TokenLogprob
 from minisgl.message.tokenizer import DetokRegisterMsg, TokenOut
+from minisgl.tokenizer.token_text import TokenText, logprob_entries
 from minisgl.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -34,20 +36,26 @@ _MAX_PENDING = 10_000
 class StopFilter:
     """Holds back text that could become a stop string; reports the first full match."""
 
-    def __init__(self, stops: list[str]) -> None:
+    def __init__(self, stops: list[str], include: bool = False) -> None:
         self.stops = [s for s in stops if s]
+        self.include = include  # a matched stop string stays in the output
         self.held = ""
 
-    def feed(self, text: str) -> tuple[str, bool]:
-        """Returns (text safe to emit, whether a stop string matched). After a match, the text
-        from the stop string on is dropped."""
+    def feed(self, text: str, active: bool = True) -> tuple[str, str | None]:
+        """Returns (text safe to emit, the stop string that matched, if any). After a match, the
+        text from (or after, with `include`) the stop string on is dropped. While not `active`
+        (min_tokens not reached yet), nothing matches and nothing is held."""
         if not self.stops:
-            return text, False
+            return text, None
         buf = self.held + text
-        match = min((pos for pos in (buf.find(s) for s in self.stops) if pos >= 0), default=-1)
-        if match >= 0:
+        if not active:
             self.held = ""
-            return buf[:match], True
+            return buf, None
+        found = [(pos, stop) for stop in self.stops if (pos := buf.find(stop)) >= 0]
+        if found:
+            pos, stop = min(found, key=lambda item: item[0])
+            self.held = ""
+            return buf[: pos + len(stop) if self.include else pos], stop
         hold = 0
         for stop in self.stops:
             for k in range(min(len(stop) - 1, len(buf)), hold, -1):
@@ -55,7 +63,7 @@ class StopFilter:
                     hold = k
                     break
         self.held = buf[len(buf) - hold :]
-        return buf[: len(buf) - hold], False
+        return buf[: len(buf) - hold], None
 
     def flush(self) -> str:
         held, self.held = self.held, ""
@@ -71,7 +79,12 @@ class DecodeState:
     prefix_offset: int
     read_offset: int
     stop: StopFilter
+    stop_token_ids: frozenset[int] = frozenset()
+    min_tokens: int = 0
+    echo_ids: list[int] | None = None  # the prompt, until its text went out (echo requests)
     unsent_ids: list[int] = field(default_factory=list)  # token ids not yet reported in a delta
+    unsent_logprobs: list[TokenLogprob] | None = None  # their logprobs (requests that asked)
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)
@@ -84,8 +97,9 @@ class DetokResult:
 class IncrementalDetokenizer:
     """All live requests of the detokenizer process."""
 
-    def __init__(self, batch_decode: BatchDecode) -> None:
+    def __init__(self, batch_decode: BatchDecode, token_text: TokenText | None = None) -> None:
         self._decode = batch_decode
+        self._token_text = token_text or self._text_by_decode
         self.states: dict[int, DecodeState] = {}
         # Finished by a stop string; waiting for the scheduler's own final output, then dropped.
         self.stopped: set[int] = set()
@@ -95,8 +109,10 @@ class IncrementalDetokenizer:
     def register(self, msg: DetokRegisterMsg) -> DetokResult:
         tail = msg.prompt_tail_ids[-PROMPT_TAIL:]
         self.states[msg.rid] = DecodeState(
-            ids=list(tail), prefix_offset=0, read_offset=len(tail), stop=StopFilter(msg.stop)
-        )
+            ids=list(tail), prefix_offset=0, read_offset=len(tail), stop=StopFilter(msg.stop, msg.include_stop),
+            stop_token_ids=frozenset(msg.stop_token_ids),
+            min_tokens=msg.min_tokens, echo_ids=list(msg.echo_ids) or None,
+        )  # fmt: skip
         early = self.pending.pop(msg.rid, None)
         if not early:
             return DetokResult()
@@ -122,8 +138,11 @@ class IncrementalDetokenizer:
         for out in outs:
             state = self.states.get(out.rid)
             if state is not None:
-                state.ids.extend(out.token_ids)
+                # A stop token's own text is not part of the output (unless include_stop).
+                cut = not state.stop.include and self._stop_token(state, out) is not None
+                state.ids.extend(out.token_ids[:-1] if cut else out.token_ids)
                 state.unsent_ids.extend(out.token_ids)
+                self._add_logprobs(state, out)
                 live.append((out, state))
             elif out.rid in self.stopped:
                 if out.finish_reason is not None:
@@ -158,31 +177,58 @@ class IncrementalDetokenizer:
         return full_text[len(prefix_text) :]
 
     def _emit(self, result: DetokResult, out: TokenOut, state: DecodeState, new_text: str) -> None:
-        text, matched = state.stop.feed(new_text)
+        text, matched = state.stop.feed(new_text, active=out.output_tokens >= state.min_tokens)
         finish: FinishReason | None = out.finish_reason
-        if matched:
-            finish = "stop"
+        stop_reason: str | int | None = None
+        if matched is not None:
+            finish, stop_reason = "stop", matched
             if out.finish_reason is None:
                 result.aborts.append(out.rid)
                 self.stopped.add(out.rid)
         elif finish is not None:
             text += state.stop.flush()
-        if not text and finish is None:
+            stop_reason = self._stop_token(state, out)
+        echo = state.echo_ids is not None and (bool(out.token_ids) or finish is not None)
+        if not text and finish is None and not echo:
             return  # nothing to show yet; its token ids ride along with the next delta
-        result.deltas.append(
-            TextDelta(
-                rid=out.rid,
-                text=text,
-                token_ids=state.unsent_ids,
-                finish_reason=finish,
-                prompt_tokens=out.prompt_tokens,
-                cached_tokens=out.cached_tokens,
-                completion_tokens=out.output_tokens,
-            )
+        delta = TextDelta(
+            rid=out.rid,
+            text=text,
+            token_ids=state.unsent_ids,
+            finish_reason=finish,
+            prompt_tokens=out.prompt_tokens,
+            cached_tokens=out.cached_tokens,
+            completion_tokens=out.output_tokens,
+            stop_reason=stop_reason,
+            logprobs=state.unsent_logprobs,
         )
+        if echo and state.echo_ids is not None:
+            delta.prompt_text = self._decode([state.echo_ids])[0]
+            delta.prompt_logprobs = state.prompt_logprobs
+            state.echo_ids = state.prompt_logprobs = None
+        result.deltas.append(delta)
         state.unsent_ids = []
+        state.unsent_logprobs = [] if state.unsent_logprobs is not None else None
         if finish is not None:
             del self.states[out.rid]
+
+    @staticmethod
+    def _stop_token(state: DecodeState, out: TokenOut) -> int | None:
+        """The stop token id that ended the request with this output, if one did."""
+        if out.finish_reason == "stop" and out.token_ids and out.token_ids[-1] in state.stop_token_ids:
+            return out.token_ids[-1]
+        return None
+
+    def _add_logprobs(self, state: DecodeState, out: TokenOut) -> None:
+        if out.logprobs is not None:
+            entries = logprob_entries(self._token_text, out.token_ids, out.logprobs)
+            state.unsent_logprobs = (state.unsent_logprobs or []) + entries
+        if out.prompt_logprobs is not None and state.echo_ids is not None:
+            state.prompt_logprobs = logprob_entries(self._token_text, state.echo_ids, out.prompt_logprobs)
+
+    def _text_by_decode(self, token_id: int) -> tuple[str, bytes]:
+        text = self._decode([[token_id]])[0]
+        return text, text.encode()
 
     def _park(self, rid: int, item: TokenOut | ErrorMsg) -> None:
         if len(self.pending) >= _MAX_PENDING:

@@ -12,28 +12,26 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from minisgl.message.frontend import ErrorMsg
+from minisgl.core import SamplingParams
+from minisgl.message.frontend import DetokenizedMsg, ErrorMsg, QueryErrorMsg, QueryReply, TokensMsg
 from minisgl.message.scheduler import AbortMsg, ShutdownMsg, TokenizedMsg
 from minisgl.message.tokenizer import (
     ChatPrompt,
+    DetokenizeQueryMsg,
     DetokRegisterMsg,
     Prompt,
     TextPrompt,
     TokenizeMsg,
+    TokenizeQueryMsg,
     TokenPrompt,
 )
+from minisgl.tokenizer.chat import ChatRenderer, ChatTemplateError
 from minisgl.tokenizer.incremental import PROMPT_TAIL
 from minisgl.utils.logging import get_logger
 from minisgl.utils.process import ReadyReporter
 from minisgl.utils.zmq import ZmqPullQueue, ZmqPushQueue
 
 logger = get_logger(__name__)
-
-# Used when a tokenizer ships no chat template: ChatML, which most instruct models understand.
-_FALLBACK_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 @dataclass(frozen=True)
@@ -56,15 +54,6 @@ def load_hf_tokenizer(model_dir: str) -> Any:
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def flatten_content(content: Any) -> str:
-    """OpenAI content: a string, None, or a list of `{"type": "text", "text": ...}` parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "\n".join(part["text"] for part in content)
-
-
 class RequestTokenizer:
     """Turns a `TokenizeMsg` into the scheduler's request, or into an error for the client."""
 
@@ -72,21 +61,44 @@ class RequestTokenizer:
         self.tokenizer = tokenizer
         self.context_len = context_len
         self.vocab_size = vocab_size
-        self.template = getattr(tokenizer, "chat_template", None) or _FALLBACK_TEMPLATE
+        self.chat = ChatRenderer(tokenizer)
 
     def handle(self, msg: TokenizeMsg) -> tuple[DetokRegisterMsg, TokenizedMsg] | ErrorMsg:
         param = "messages" if isinstance(msg.prompt, ChatPrompt) else "prompt"
         try:
+            self._check_token_ids(msg.sampling)
             ids = self.encode(msg.prompt)
             sampling = self._fit(msg, len(ids), param)
         except PromptError as exc:
             return ErrorMsg(msg.rid, str(exc), 400, exc.param)
-        register = DetokRegisterMsg(msg.rid, ids[-PROMPT_TAIL:], list(msg.stop))
+        register = DetokRegisterMsg(
+            msg.rid, ids[-PROMPT_TAIL:], list(msg.stop), stop_token_ids=list(sampling.stop_token_ids),
+            include_stop=msg.include_stop, min_tokens=sampling.min_tokens, echo_ids=ids if msg.echo else [],
+        )  # fmt: skip
         return register, TokenizedMsg(msg.rid, ids, sampling, msg.max_tokens_explicit)
 
-    def encode(self, prompt: Prompt) -> list[int]:
+    def query(self, msg: TokenizeQueryMsg | DetokenizeQueryMsg) -> QueryReply:
+        """`/tokenize` and `/detokenize`."""
+        try:
+            if isinstance(msg, TokenizeQueryMsg):
+                return TokensMsg(msg.query_id, self.encode(msg.prompt, msg.add_special_tokens, allow_empty=True))
+            self._check_range(msg.token_ids, "tokens")
+            return DetokenizedMsg(msg.query_id, str(self.tokenizer.decode(msg.token_ids)))
+        except PromptError as exc:
+            return QueryErrorMsg(msg.query_id, str(exc), exc.param)
+
+    def _check_range(self, ids: list[int], param: str) -> None:
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise PromptError(f"token id {bad[0]} is out of range [0, {self.vocab_size})", param)
+
+    def _check_token_ids(self, sampling: SamplingParams) -> None:
+        self._check_range(list(sampling.logit_bias), "logit_bias")
+        self._check_range(sampling.stop_token_ids, "stop_token_ids")
+
+    def encode(self, prompt: Prompt, add_special_tokens: bool = True, allow_empty: bool = False) -> list[int]:
         if isinstance(prompt, TextPrompt):
-            ids = list(self.tokenizer.encode(prompt.text, add_special_tokens=True))
+            ids = list(self.tokenizer.encode(prompt.text, add_special_tokens=add_special_tokens))
             param = "prompt"
         elif isinstance(prompt, ChatPrompt):
             ids = list(self.tokenizer.encode(self.render_chat(prompt), add_special_tokens=False))
@@ -94,23 +106,17 @@ class RequestTokenizer:
         else:
             assert isinstance(prompt, TokenPrompt)
             ids = list(prompt.input_ids)
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise PromptError(f"token id {bad[0]} is out of range [0, {self.vocab_size})", "prompt")
+            self._check_range(ids, "prompt")
             param = "prompt"
-        if not ids:
+        if not ids and not allow_empty:
             raise PromptError("the prompt is empty", param)
         return ids
 
     def render_chat(self, prompt: ChatPrompt) -> str:
-        messages = [{"role": m["role"], "content": flatten_content(m.get("content"))} for m in prompt.messages]
         try:
-            text = self.tokenizer.apply_chat_template(
-                messages, chat_template=self.template, tokenize=False, add_generation_prompt=True
-            )
-        except Exception as exc:  # templates raise on conversations they do not accept
-            raise PromptError(f"the chat template rejected the messages: {exc}", "messages") from None
-        return str(text)
+            return self.chat.render(prompt)
+        except ChatTemplateError as exc:
+            raise PromptError(str(exc), "messages") from None
 
     def _fit(self, msg: TokenizeMsg, prompt_len: int, param: str) -> Any:
         ctx = self.context_len
@@ -122,7 +128,13 @@ class RequestTokenizer:
             )
         max_tokens = msg.sampling.max_tokens
         if not msg.max_tokens_explicit:
-            return dataclasses.replace(msg.sampling, max_tokens=min(max_tokens, ctx - prompt_len))
+            room = min(max_tokens, ctx - prompt_len)
+            if msg.sampling.min_tokens > room:
+                raise PromptError(
+                    f"min_tokens is {msg.sampling.min_tokens}, but only {room} tokens fit in the context "
+                    f"after the {prompt_len} tokens of the {param}", "min_tokens",
+                )  # fmt: skip
+            return dataclasses.replace(msg.sampling, max_tokens=room)
         if prompt_len + max_tokens > ctx:
             raise PromptError(
                 f"This model's maximum context length is {ctx} tokens. However, you requested "
@@ -152,6 +164,8 @@ def run_tokenizer(model_dir: str, context_len: int, addrs: TokenizerAddrs, ready
             else:
                 to_detok.put(result[0])  # before the scheduler can produce output for it
                 to_sched.put(result[1])
+        elif isinstance(msg, (TokenizeQueryMsg, DetokenizeQueryMsg)):
+            to_front.put(worker.query(msg))
         elif isinstance(msg, AbortMsg):
             to_sched.put(msg)
         elif isinstance(msg, ShutdownMsg):

@@ -30,8 +30,9 @@ BAD_CHAT = [
     json.dumps({"model": "m", "messages": OK_MSGS, "top_p": 7}).encode(),
     json.dumps({"model": "m", "messages": OK_MSGS, "stream": "yes"}).encode(),
     json.dumps({"model": "m", "messages": OK_MSGS, "stop": 3}).encode(),
-    json.dumps({"model": "m", "messages": OK_MSGS, "frequency_penalty": 1.5}).encode(),
-    json.dumps({"model": "m", "messages": OK_MSGS, "logprobs": True}).encode(),
+    json.dumps({"model": "m", "messages": OK_MSGS, "frequency_penalty": 3.5}).encode(),
+    json.dumps({"model": "m", "messages": OK_MSGS, "top_logprobs": 2}).encode(),  # without logprobs
+    json.dumps({"model": "m", "messages": OK_MSGS, "logit_bias": {"10000000": 1}}).encode(),  # outside the vocabulary
     json.dumps({"model": "m", "messages": OK_MSGS, "tools": [{"type": "function"}]}).encode(),
     json.dumps({"model": "m", "messages": OK_MSGS, "mystery_option": 1}).encode(),
     json.dumps({"model": "m", "messages": OK_MSGS, "max_tokens": 100000}).encode(),  # beyond the context
@@ -43,7 +44,8 @@ BAD_COMPLETIONS = [
     json.dumps({"model": "m", "prompt": [1, "x"]}).encode(),
     json.dumps({"model": "m", "prompt": [10**9]}).encode(),  # token id outside the vocabulary
     json.dumps({"model": "m", "prompt": "", "max_tokens": 3}).encode(),  # empty prompt
-    json.dumps({"model": "m", "prompt": "x", "echo": True}).encode(),
+    json.dumps({"model": "m", "prompt": "x", "suffix": "y"}).encode(),
+    json.dumps({"model": "m", "prompt": "x", "logprobs": 50}).encode(),
 ]
 
 

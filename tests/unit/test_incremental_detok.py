@@ -87,11 +87,17 @@ def test_partial_stop_held_then_released(tok):
 
 def test_stop_filter_unit():
     f = StopFilter(["\n\n", "END"])
-    assert f.feed("abc\n") == ("abc", False)
-    assert f.feed("x E") == ("\nx ", False)
-    assert f.feed("N") == ("", False)
-    assert f.feed("D tail") == ("", True)
-    assert StopFilter([]).feed("anything") == ("anything", False)
+    assert f.feed("abc\n") == ("abc", None)
+    assert f.feed("x E") == ("\nx ", None)
+    assert f.feed("N") == ("", None)
+    assert f.feed("D tail") == ("", "END")
+    assert StopFilter([]).feed("anything") == ("anything", None)
+    keep = StopFilter(["END", "ND!"], include=True)
+    assert keep.feed("a EN") == ("a ", None)
+    assert keep.feed("D! b") == ("END", "END")  # the earliest match wins, and is kept
+    idle = StopFilter(["END"])
+    assert idle.feed("x EN", active=False) == ("x EN", None)  # min_tokens not reached: no holdback
+    assert idle.feed("D", active=True) == ("D", None)
 
 
 def test_output_before_register_is_replayed(tok):
@@ -119,3 +125,84 @@ def test_many_requests_one_batch_no_cross_talk(tok):
         for d in detok.process(outs).deltas:
             got[d.rid] += d.text
     assert got == words and detok.states == {}
+
+
+def _feed(detok, rid: int, ids: list[int], finish: str, logprobs: bool = False) -> list:
+    deltas = []
+    for i, token in enumerate(ids):
+        last = i == len(ids) - 1
+        raw = [[-0.5 - i, [[token, -0.5 - i], [0, -9.0]]]] if logprobs else None
+        deltas += detok.process([TokenOut(rid, [token], finish if last else None, 3, 0, i + 1, raw)]).deltas
+    return deltas
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_token_id_text_dropped_and_reported(tok, include):
+    ids = tok.encode("ab.").ids
+    dot = ids[-1]
+    detok = make(tok)
+    detok.register(DetokRegisterMsg(1, [], [], stop_token_ids=[dot], include_stop=include))
+    deltas = _feed(detok, 1, ids, "stop")
+    assert "".join(d.text for d in deltas) == ("ab." if include else "ab")
+    assert deltas[-1].finish_reason == "stop" and deltas[-1].stop_reason == dot
+    assert sum(len(d.token_ids) for d in deltas) == len(ids)  # the stop token is still counted
+
+
+def test_stop_string_reported_and_kept_with_include(tok):
+    detok = make(tok)
+    detok.register(DetokRegisterMsg(2, [], ["STOP"], include_stop=True))
+    deltas = _feed(detok, 2, tok.encode("one STOP two").ids, "length")
+    assert "".join(d.text for d in deltas) == "one STOP"
+    assert deltas[-1].stop_reason == "STOP" and deltas[-1].finish_reason == "stop"
+
+
+def test_eos_stop_has_no_stop_reason(tok):
+    detok = make(tok)
+    detok.register(DetokRegisterMsg(3, [], ["zz"], stop_token_ids=[5]))
+    deltas = _feed(detok, 3, tok.encode("hi<eos>").ids, "stop")
+    assert deltas[-1].stop_reason is None and "".join(d.text for d in deltas) == "hi"
+
+
+def test_stop_strings_wait_for_min_tokens(tok):
+    ids = tok.encode("a.b.c").ids  # one token per byte
+    detok = make(tok)
+    detok.register(DetokRegisterMsg(4, [], ["."], min_tokens=3))
+    deltas = _feed(detok, 4, ids, "length")
+    assert "".join(d.text for d in deltas) == "a.b"  # the first "." came before min_tokens
+
+
+def test_logprobs_ride_with_their_tokens(tok):
+    ids = tok.encode("x STOP y").ids
+    detok = make(tok)
+    detok.register(DetokRegisterMsg(5, [], ["STOP"]))
+    deltas = _feed(detok, 5, ids, "length", logprobs=True)
+    got = [entry for d in deltas for entry in (d.logprobs or [])]
+    assert [e.token_id for e in got] == [t for d in deltas for t in d.token_ids]
+    assert all(len(d.logprobs or []) == len(d.token_ids) for d in deltas)
+    assert [e.logprob for e in got] == [-0.5 - i for i in range(len(got))]
+    assert got[0].top[0].token_id == ids[0] and got[0].top[1].logprob == -9.0
+    assert got[0].token == "x" and got[0].raw == b"x"
+
+
+def test_echo_first_delta_has_prompt_text_and_logprobs(tok):
+    prompt = tok.encode("Hi there").ids
+    detok = make(tok)
+    detok.register(DetokRegisterMsg(6, prompt[-5:], [], echo_ids=prompt))
+    raw_prompt = [[None, []]] + [[-1.0, [[t, -1.0]]] for t in prompt[1:]]
+    first = detok.process([TokenOut(6, [prompt[0]], None, len(prompt), 0, 1, [[-0.1, []]], raw_prompt)]).deltas
+    assert first[0].prompt_text == "Hi there"
+    entries = first[0].prompt_logprobs or []
+    assert [e.token_id for e in entries] == prompt and entries[0].logprob is None and entries[1].logprob == -1.0
+    more = detok.process([TokenOut(6, [prompt[1]], "length", len(prompt), 0, 2, [[-0.2, []]])]).deltas
+    assert more[0].prompt_text is None and more[0].prompt_logprobs is None
+
+
+def test_token_text_bytes_of_byte_level_pieces(tok):
+    from minisgl.tokenizer.token_text import fast_token_text
+
+    text_of = fast_token_text(tok)
+    ids = tok.encode("é").ids  # two byte tokens
+    assert [text_of(i)[1] for i in ids] == [b"\xc3", b"\xa9"]
+    assert text_of(ids[0])[0] == "\ufffd"
+    (think,) = tok.encode("<think>").ids
+    assert text_of(think) == ("<think>", b"<think>")

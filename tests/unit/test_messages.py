@@ -11,8 +11,11 @@ from minisgl.core import SamplingParams
 from minisgl.message import (
     AbortMsg,
     ChatPrompt,
+    DetokenizedMsg,
+    DetokenizeQueryMsg,
     DetokRegisterMsg,
     ErrorMsg,
+    QueryErrorMsg,
     ShutdownMsg,
     StatsMsg,
     StatsReqMsg,
@@ -21,9 +24,13 @@ from minisgl.message import (
     TextPrompt,
     TokenizedMsg,
     TokenizeMsg,
+    TokenizeQueryMsg,
+    TokenLogprob,
     TokenOut,
     TokenOutMsg,
     TokenPrompt,
+    TokensMsg,
+    TopLogprob,
     decode,
     encode,
     registered_types,
@@ -31,7 +38,11 @@ from minisgl.message import (
 )
 
 SAMPLING = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, max_tokens=33,
-                          ignore_eos=True, seed=1234, stop_token_ids=[2, 5])
+                          ignore_eos=True, seed=1234, stop_token_ids=[2, 5], presence_penalty=0.5,
+                          frequency_penalty=-0.5, repetition_penalty=1.1, logit_bias={7: -100.0, 9: 2.5},
+                          min_tokens=3, logprobs=2, prompt_logprobs=0, json_schema='{"type": "object"}')
+TOP = TopLogprob(token_id=9, token="é", raw=b"\xc3\xa9", logprob=-0.25)
+LOGPROB = TokenLogprob(token_id=3, token="\ufffd", raw=b"\xc3", logprob=-1.5, top=[TOP, TopLogprob(4, "a", b"a", -2.0)])
 
 EXAMPLES = [
     SAMPLING,
@@ -46,15 +57,33 @@ EXAMPLES = [
     TokenizeMsg(rid=1, prompt=ChatPrompt([{"role": "system", "content": "s"}]), sampling=SAMPLING,
                 max_tokens_explicit=False, stop=["\n", "END"]),
     TokenizeMsg(rid=2, prompt=TokenPrompt([4, 5])),
+    TokenizeMsg(rid=3, prompt=ChatPrompt([{"role": "user", "content": "x"}],
+                                         tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                                         template_kwargs={"enable_thinking": False}),
+                include_stop=True, echo=True),
+    TokenizeQueryMsg(query_id=4, prompt=TextPrompt("hi"), add_special_tokens=False),
+    DetokenizeQueryMsg(query_id=5, token_ids=[1, 2]),
     DetokRegisterMsg(rid=4, prompt_tail_ids=[7, 8], stop=["x"]),
+    DetokRegisterMsg(rid=5, prompt_tail_ids=[7], stop=[], stop_token_ids=[3], include_stop=True, min_tokens=2,
+                     echo_ids=[1, 7]),
     TokenOut(rid=4, token_ids=[11], finish_reason=None, prompt_tokens=3, cached_tokens=1, output_tokens=1),
-    TokenOutMsg([TokenOut(1, [2], "stop", 5, 0, 7), TokenOut(2, [], "abort", 1, 1, 0)]),
+    TokenOut(4, [11], None, 3, 1, 1, logprobs=[[-0.5, [[11, -0.5], [12, -1.0]]]],
+             prompt_logprobs=[[None, []], [-3.0, [[5, -1.0]]]]),
+    TokenOutMsg([TokenOut(1, [2], "stop", 5, 0, 7), TokenOut(2, [], "abort", 1, 1, 0),
+                 TokenOut(3, [4], None, 1, 0, 1, [[-0.1, []]], None)]),
+    TOP,
+    LOGPROB,
     TextDelta(rid=3, text="é🙂", token_ids=[1, 2], finish_reason="length", prompt_tokens=4,
               cached_tokens=2, completion_tokens=9),
-    TextDeltaMsg([TextDelta(1, "a"), TextDelta(2, "", [], "stop", 1, 0, 1)]),
+    TextDelta(rid=3, text="x", token_ids=[3], finish_reason="stop", stop_reason=3, logprobs=[LOGPROB],
+              prompt_text="p", prompt_logprobs=[TokenLogprob(1, "p", b"p", None, []), LOGPROB]),
+    TextDeltaMsg([TextDelta(1, "a"), TextDelta(2, "", [], "stop", 1, 0, 1, "END", [LOGPROB])]),
     ErrorMsg(rid=8, message="too long", status=400, param="max_tokens"),
     StatsMsg(query_id=3, total_pages=100, free_pages=90, cached_pages=10, evictable_pages=10,
-             running=0, waiting=0),
+             running=0, waiting=0, prompt_tokens=40, cached_tokens=16),
+    TokensMsg(query_id=6, token_ids=[1, 2, 3]),
+    DetokenizedMsg(query_id=7, text="héllo"),
+    QueryErrorMsg(query_id=8, message="token id 99999 is out of range", param="tokens"),
 ]
 
 

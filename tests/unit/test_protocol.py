@@ -6,13 +6,8 @@ import json
 
 import pytest
 
-from minisgl.server.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerateRequest,
-    RequestError,
-    parse_request,
-)
+from minisgl.server.chat_protocol import ChatCompletionRequest
+from minisgl.server.protocol import CompletionRequest, GenerateRequest, RequestError, parse_request
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -73,17 +68,45 @@ def test_content_parts_and_developer_role():
         ({"messages": []}, "messages"),
         ({"messages": "hi"}, "messages"),
         ({"messages": [{"role": "bot", "content": "x"}]}, "messages"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),  # no tool_call_id
+        ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages"),
+        ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function",
+                        "function": {"name": "f", "arguments": {"a": 1}}}]}]}, "messages"),  # fmt: skip
+        ({"messages": [{"role": "user", "content": "x", "refusal": "no"}]}, "messages"),
         ({"messages": [{"role": "user"}]}, "messages"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]}, "messages"),
         ({"messages": [{"role": "user", "content": 3}]}, "messages"),
-        ({"frequency_penalty": 0.5}, "frequency_penalty"),
-        ({"presence_penalty": 1}, "presence_penalty"),
-        ({"logprobs": True}, "logprobs"),
-        ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty"),
+        ({"presence_penalty": -3}, "presence_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"logprobs": "yes"}, "logprobs"),
+        ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"min_tokens": 5, "max_tokens": 3}, "min_tokens"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"regex": "(unclosed"}, "regex"),
         ({"tools": [{"type": "function"}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}] * 2}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),  # no tools
+        ({"tool_choice": "sometimes", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "g"}},
+          "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),  # fmt: skip
+        ({"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}],
+          "response_format": {"type": "json_object"}}, "tool_choice"),  # fmt: skip
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": []}}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format"),
+        ({"response_format": {"type": "json_object"}, "regex": "a+"}, "regex"),
+        ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": "x"}, "chat_template_kwargs"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
         ({"unknown_knob": 1}, "unknown_knob"),
     ],
 )
@@ -128,7 +151,7 @@ def test_bad_completion_prompts(prompt):
     assert info.value.param == "prompt"
 
 
-@pytest.mark.parametrize("fields", [{"echo": True}, {"suffix": "x"}, {"best_of": 3}, {"logprobs": 2}])
+@pytest.mark.parametrize("fields", [{"suffix": "x"}, {"best_of": 3}, {"logprobs": 21}, {"logprobs": -1}])
 def test_unsupported_completion_fields(fields):
     with pytest.raises(RequestError) as info:
         parse_request(CompletionRequest, json.dumps({"prompt": "p", **fields}).encode())
@@ -144,3 +167,61 @@ def test_generate_request():
         with pytest.raises(RequestError):
             r = parse_request(GenerateRequest, body)
             r.sampling()
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                        "required": ["city"]}}}  # fmt: skip
+
+
+def test_penalties_bias_and_extensions_map_to_sampling():
+    req = chat(presence_penalty=0.5, frequency_penalty=-1, repetition_penalty=1.2, logit_bias={"42": 100, "7": -5.5},
+               min_tokens=2, max_tokens=9, seed=11, stop_token_ids=[3, 4], include_stop_str_in_output=True,
+               regex="[a-z]+")  # fmt: skip
+    sp, _ = req.sampling(100)
+    assert (sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty) == (0.5, -1.0, 1.2)
+    assert sp.logit_bias == {42: 100.0, 7: -5.5} and sp.min_tokens == 2 and sp.seed == 11
+    assert sp.stop_token_ids == [3, 4] and sp.regex == "[a-z]+" and req.include_stop_str_in_output
+    assert sp.logprobs is None and sp.json_schema is None and not sp.json_object
+
+
+def test_chat_logprobs_and_response_formats():
+    assert chat(logprobs=True).sampling(10)[0].logprobs == 0
+    assert chat(logprobs=True, top_logprobs=5).sampling(10)[0].logprobs == 5
+    assert chat(response_format={"type": "json_object"}).sampling(10)[0].json_object
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    sp = chat(response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": True}})
+    assert json.loads(sp.sampling(10)[0].json_schema) == schema
+    assert chat(response_format={"type": "text"}).sampling(10)[0].json_schema is None
+
+
+def test_completion_logprobs_and_echo():
+    req = parse_request(CompletionRequest, json.dumps({"prompt": "p", "logprobs": 3, "echo": True}).encode())
+    sp, _ = req.sampling(16)
+    assert sp.logprobs == 3 and sp.prompt_logprobs == 3
+    req = parse_request(CompletionRequest, json.dumps({"prompt": "p", "echo": True}).encode())
+    assert req.sampling(16)[0].prompt_logprobs is None
+
+
+def test_tools_and_tool_choice_modes():
+    assert chat(tools=[TOOL]).tool_mode == "auto"
+    assert chat().tool_mode == "none" and chat(tool_choice="none").tool_mode == "none"
+    assert chat(tools=[TOOL], tool_choice="none").prompt_tools() == []
+    req = chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert req.tool_mode == "named" and req.forced_tool == "get_weather"
+    assert json.loads(req.sampling(10)[0].json_schema) == TOOL["function"]["parameters"]
+    req = chat(tools=[TOOL], tool_choice="required", parallel_tool_calls=False)
+    schema = json.loads(req.sampling(10)[0].json_schema)
+    assert schema["type"] == "array" and schema["maxItems"] == 1
+    assert schema["items"]["properties"]["name"] == {"type": "string", "enum": ["get_weather"]}
+
+
+def test_tool_turns_in_history():
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    req = chat(tools=[TOOL], messages=[
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [call], "refusal": None},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ])  # fmt: skip
+    assert req.messages[1]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
+    assert req.messages[2] == {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}

@@ -1,0 +1,107 @@
+"""`GET /metrics`: Prometheus text format (prometheus_client, one registry per app).
+
+Request timings are taken in the API server as replies arrive (`ReplyObserver`), so they include
+tokenization and the hops between processes:
+- time to first token: from the request's arrival to its first visible text (tokens whose text
+  is still held back, e.g. a possible stop string, count when it is released);
+- inter-token latency: the gap between two deltas, spread over the tokens of the later one;
+- end-to-end latency: arrival to the final delta.
+A choice of `n > 1` counts as a request. Queue sizes, KV usage (pages held by requests, not
+counting evictable prefix-cache pages, over all pages) and the prefix-cache hit rate (cached over
+prompt tokens of every admitted request) come from scheduler rank 0 at scrape time.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from minisgl.message.frontend import ErrorMsg, StatsMsg, TextDelta
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@dataclass(slots=True)
+class _Timing:
+    start: float
+    last: float | None = None
+
+
+class ServerMetrics:
+    def __init__(self, model: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"model_name": model}
+        r = self.registry
+        self.requests = Counter("minisgl_requests", "Finished requests by finish reason",
+                                ["model_name", "finish_reason"], registry=r)  # fmt: skip
+        self.prompt_tokens = Counter("minisgl_prompt_tokens", "Prompt tokens of finished requests",
+                                     ["model_name"], registry=r).labels(**labels)  # fmt: skip
+        self.generation_tokens = Counter("minisgl_generation_tokens", "Generated tokens of finished requests",
+                                         ["model_name"], registry=r).labels(**labels)  # fmt: skip
+        self.ttft = Histogram("minisgl_time_to_first_token_seconds", "Arrival to first text",
+                              ["model_name"], buckets=_LATENCY_BUCKETS, registry=r).labels(**labels)  # fmt: skip
+        self.itl = Histogram("minisgl_inter_token_latency_seconds", "Time between output tokens",
+                             ["model_name"], buckets=_TOKEN_BUCKETS, registry=r).labels(**labels)  # fmt: skip
+        self.e2e = Histogram("minisgl_e2e_request_latency_seconds", "Arrival to the last token",
+                             ["model_name"], buckets=_LATENCY_BUCKETS, registry=r).labels(**labels)  # fmt: skip
+        self.running = Gauge("minisgl_num_requests_running", "Requests being decoded",
+                             ["model_name"], registry=r).labels(**labels)  # fmt: skip
+        self.waiting = Gauge("minisgl_num_requests_waiting", "Requests waiting for admission",
+                             ["model_name"], registry=r).labels(**labels)  # fmt: skip
+        self.kv_usage = Gauge("minisgl_kv_cache_usage_ratio", "Fraction of KV pages held by requests",
+                              ["model_name"], registry=r).labels(**labels)  # fmt: skip
+        self.hit_rate = Gauge("minisgl_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache, "
+                              "over all prompt tokens", ["model_name"], registry=r).labels(**labels)  # fmt: skip
+        self.model = model
+        self._live: dict[int, _Timing] = {}
+
+    # ------------------------------------------------------------------ ReplyObserver
+    def opened(self, rids: list[int]) -> None:
+        now = time.perf_counter()
+        for rid in rids:
+            self._live[rid] = _Timing(now)
+
+    def reply(self, reply: TextDelta | ErrorMsg) -> None:
+        now = time.perf_counter()
+        if isinstance(reply, ErrorMsg):
+            if self._live.pop(reply.rid, None) is not None:
+                self.requests.labels(self.model, "error").inc()
+            return
+        timing = self._live.get(reply.rid)
+        count = len(reply.token_ids)
+        if timing is not None and (count or reply.text):
+            if timing.last is None:
+                self.ttft.observe(now - timing.start)
+            elif count:
+                gap = (now - timing.last) / count
+                for _ in range(count):
+                    self.itl.observe(gap)
+            timing.last = now
+        if reply.finish_reason is not None:
+            self.requests.labels(self.model, reply.finish_reason).inc()
+            self.prompt_tokens.inc(reply.prompt_tokens)
+            self.generation_tokens.inc(reply.completion_tokens)
+            if timing is not None:
+                self.e2e.observe(now - timing.start)
+                del self._live[reply.rid]
+
+    def forget(self, rids: list[int]) -> None:
+        for rid in rids:
+            self._live.pop(rid, None)
+
+    # ------------------------------------------------------------------ scrape
+    def render(self, stats: StatsMsg | None) -> bytes:
+        if stats is not None:
+            self.running.set(stats.running)
+            self.waiting.set(stats.waiting)
+            if stats.total_pages:
+                held = stats.total_pages - stats.free_pages - stats.evictable_pages
+                self.kv_usage.set(max(0, held) / stats.total_pages)
+            if stats.prompt_tokens:
+                self.hit_rate.set(stats.cached_tokens / stats.prompt_tokens)
+        return generate_latest(self.registry)

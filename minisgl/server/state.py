@@ -1,0 +1,31 @@
+"""What the API server's routes share: addresses, the served model, access settings, metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from minisgl.server.frontend import FrontendAddrs, FrontendManager
+from minisgl.server.metrics import ServerMetrics
+
+
+@dataclass
+class AppState:
+    addrs: FrontendAddrs
+    served_model: str
+    context_len: int
+    health: Callable[[], tuple[bool, dict[str, Any]]]  # (all children alive, details)
+    started: int = 0
+    api_key: str | None = None
+    cors_origins: list[str] = field(default_factory=list)
+    frontend: FrontendManager | None = None
+    metrics: ServerMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = ServerMetrics(self.served_model)
+
+    @property
+    def fm(self) -> FrontendManager:
+        assert self.frontend is not None, "the frontend starts with the app"
+        return self.frontend
