@@ -9,18 +9,21 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from minisgl.attention.base import BaseAttnBackend
 from minisgl.attention.batch import ForwardBatch
 from minisgl.attention.registry import ATTN_BACKENDS, select_attn_backend
-from minisgl.core import Req
+from minisgl.core import Req, SamplingParams
 from minisgl.engine.graph import Runner
 from minisgl.distributed import TPInfo, get_tp_info, set_tp_info
 from minisgl.engine.config import EngineConfig
-from minisgl.engine.sampler import Sampler, SamplingBatch
+from minisgl.engine.grammar import GrammarState, bitmask_width
+from minisgl.engine.penalties import PenaltyTracker
+from minisgl.engine.sampler import LogitsControls, Sampler, SamplingBatch, TokenLogprobs, token_logprobs
+from minisgl.engine.transfer import upload
 from minisgl.env import ENV
 from minisgl.kvcache.pool import KVPool
 from minisgl.models.config import ModelConfig
@@ -28,6 +31,9 @@ from minisgl.platform import init_platform
 from minisgl.utils.logging import get_logger
 
 logger = get_logger(__name__)
+
+# A token's logprob and the top alternatives [(token id, logprob), ...], most likely first.
+LogprobEntry = tuple[float, list[tuple[int, float]]]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -49,6 +55,33 @@ class StepPlan:
     # (token index in this step, index into the in-flight step's sampled tokens): inputs not yet
     # known on the host (overlap scheduling).
     from_prev: list[tuple[int, int]] = field(default_factory=list)
+    # Structured output: the grammar state of each constrained request (by rid), current as of
+    # every token it has produced (such requests never sample with a token still pending).
+    grammars: dict[int, GrammarState] = field(default_factory=dict)
+    # Requests that left the scheduler since the last plan: their per-request engine state goes.
+    released_rids: list[int] = field(default_factory=list)
+    # False when no request uses a logit control or logprobs: the engine skips looking for them.
+    controls: bool = True
+
+
+class PromptChunk(NamedTuple):
+    """Prompt-logprob rows of one request in a step: targets prompt_ids[first : first + num_targets]."""
+
+    req: Req
+    first: int  # prompt position of the first target token (>= 1)
+    num_targets: int
+
+
+def _host_copy(result: TokenLogprobs) -> TokenLogprobs:
+    """Start a device-to-host copy (non-blocking; valid once the step's event completes)."""
+    return TokenLogprobs(*(t.to("cpu", non_blocking=True) for t in result))
+
+
+def _entries(result: TokenLogprobs, top_ks: list[int]) -> list[LogprobEntry]:
+    chosen = result.chosen.tolist()
+    values = result.top_values.tolist()
+    ids = result.top_ids.tolist()
+    return [(c, list(zip(i[:k], v[:k]))) for c, v, i, k in zip(chosen, values, ids, top_ks)]
 
 
 @dataclass
@@ -59,11 +92,41 @@ class LaunchedStep:
     tokens: torch.Tensor  # [S] on the device
     host: torch.Tensor  # [S] pinned host copy, valid once `event` completes
     event: Any
+    # Logprobs (host copies, valid once `event` completes), only where requests asked for them.
+    logprob_rows: list[int] = field(default_factory=list)  # indices into sampled_reqs
+    logprobs: TokenLogprobs | None = None
+    prompt_chunks: list[PromptChunk] = field(default_factory=list)
+    prompt_logprobs: TokenLogprobs | None = None  # rows: the chunks' targets, in order
 
     def result(self) -> list[int]:
         if self.event is not None:
             self.event.synchronize()
         return self.host.tolist()
+
+    def token_logprobs(self) -> list[LogprobEntry | None]:
+        """Per sampled request: its token's logprob and top alternatives, or None if not asked."""
+        out: list[LogprobEntry | None] = [None] * len(self.sampled_reqs)
+        if self.logprobs is None:
+            return out
+        if self.event is not None:
+            self.event.synchronize()
+        top_ks = [self.sampled_reqs[i].sampling.logprobs or 0 for i in self.logprob_rows]
+        for i, entry in zip(self.logprob_rows, _entries(self.logprobs, top_ks)):
+            out[i] = entry
+        return out
+
+    def prompt_logprob_chunks(self) -> list[tuple[PromptChunk, list[LogprobEntry]]]:
+        if self.prompt_logprobs is None:
+            return []
+        if self.event is not None:
+            self.event.synchronize()
+        top_ks = [chunk.req.sampling.prompt_logprobs or 0 for chunk in self.prompt_chunks for _ in range(chunk.num_targets)]
+        entries = _entries(self.prompt_logprobs, top_ks)
+        out, start = [], 0
+        for chunk in self.prompt_chunks:
+            out.append((chunk, entries[start : start + chunk.num_targets]))
+            start += chunk.num_targets
+        return out
 
 
 @dataclass
@@ -139,6 +202,7 @@ class Engine:
             if hasattr(module, "backend") and hasattr(module, "layer_id"):
                 module.backend = self.attn_backend
         self.sampler = Sampler()
+        self.penalties = PenaltyTracker(self.model_config.vocab_size, self.device)
         # Reused host staging and events (allocating pinned memory or CUDA events per step costs
         # more than the step's own host work). Two of each: step N+1 is built while step N's
         # copies may still be in flight, and step N is always complete before N+2 is built.
@@ -214,17 +278,28 @@ class Engine:
     @torch.inference_mode()
     def build_batch(self, plan: StepPlan, prev: LaunchedStep | None = None) -> tuple[ForwardBatch, list[Req]]:
         """The device batch of a plan, and the requests that sample a token in it."""
+        built = self._build(plan, prev)
+        return built.batch, built.sampled
+
+    def _build(self, plan: StepPlan, prev: LaunchedStep | None) -> "_Built":
+        """As `build_batch`; the logits rows are the sampled tokens, then the prompt-logprob rows
+        (every prompt position of this step whose next token is also a prompt token, for the
+        requests that asked for prompt logprobs)."""
         input_ids: list[int] = []
         positions: list[int] = []
         rows_per_token: list[int] = []
         rows, seq_lens, ext_lens, starts, sample_idx = [], [], [], [], []
         sampled: list[Req] = []
+        prompt_chunks: list[PromptChunk] = []
+        prompt_idx: list[int] = []
+        prompt_targets: list[int] = []
         for req in plan.reqs:  # hot loop: plain list and field access only
             row, begin, ext = req.row, req.cached_len, req.extend_len
             assert row is not None and ext > 0
             end = begin + ext
             prompt_len = len(req.prompt_ids)
-            starts.append(len(input_ids))
+            start = len(input_ids)
+            starts.append(start)
             if ext == 1:
                 input_ids.append(req.output_ids[begin - prompt_len] if begin >= prompt_len else req.prompt_ids[begin])
                 positions.append(begin)
@@ -233,6 +308,11 @@ class Engine:
                 input_ids.extend(req.token_slice(begin, end))
                 positions.extend(range(begin, end))
                 rows_per_token.extend([row] * ext)
+            if begin < prompt_len - 1 and req.sampling.prompt_logprobs is not None:
+                count = min(end, prompt_len - 1) - begin
+                prompt_chunks.append(PromptChunk(req, begin + 1, count))
+                prompt_idx.extend(range(start, start + count))
+                prompt_targets.extend(req.prompt_ids[begin + 1 : begin + 1 + count])
             rows.append(row)
             seq_lens.append(end)
             ext_lens.append(ext)
@@ -242,9 +322,9 @@ class Engine:
         assert len(plan.out_loc) == len(input_ids)
         dst, src = [t for t, _ in plan.from_prev], [j for _, j in plan.from_prev]
         (ids_t, pos_t, out_loc, table_rows, table_pos, table_slots, rows_t, seq_t, ext_t, starts_t, sample_t,
-         dst_t, src_t) = self._upload([
+         dst_t, src_t, targets_t) = self._upload([
             input_ids, positions, plan.out_loc, rows_per_token + plan.table_rows, plan.table_pos,
-            plan.table_slots, rows, seq_lens, ext_lens, starts, sample_idx, dst, src,
+            plan.table_slots, rows, seq_lens, ext_lens, starts, sample_idx + prompt_idx, dst, src, prompt_targets,
         ])  # fmt: skip
         if dst:
             # Tokens sampled by the step still in flight: read them on the device.
@@ -252,8 +332,10 @@ class Engine:
             ids_t = ids_t.clone()
             ids_t[dst_t] = prev.tokens[src_t]
         self.token_table[table_rows, torch.cat([pos_t, table_pos])] = torch.cat([out_loc, table_slots]).to(torch.int32)
+        # Decode (the graph path) only when every token is a request's sampled token, in order.
+        decode = len(input_ids) == len(ext_lens) == len(sample_idx) and not prompt_idx
         batch = ForwardBatch(
-            phase="decode" if len(input_ids) == len(ext_lens) else "extend",
+            phase="decode" if decode else "extend",
             input_ids=ids_t,
             positions=pos_t,
             out_loc=out_loc,
@@ -266,7 +348,7 @@ class Engine:
             extend_lens_cpu=ext_lens,
             sample_idx=sample_t,
         )
-        return batch, sampled
+        return _Built(batch, sampled, prompt_chunks, targets_t)
 
     @torch.inference_mode()
     def forward_logits(self, batch: ForwardBatch) -> torch.Tensor:
@@ -278,22 +360,78 @@ class Engine:
         """Queue one step on the device and return at once; `result()` waits for its tokens.
 
         `prev` is the step still in flight whose sampled tokens this plan reads (`plan.from_prev`)."""
-        batch, sampled = self.build_batch(plan, prev)
-        logits = self.forward_logits(batch)
-        if not sampled:
+        if plan.released_rids:
+            self.penalties.release(plan.released_rids)
+        built = self._build(plan, prev)
+        sampled = built.sampled
+        logits = self.forward_logits(built.batch)
+        num_sampled = len(sampled)
+        prompt_lp = None
+        if built.prompt_chunks:
+            top_k = max(chunk.req.sampling.prompt_logprobs or 0 for chunk in built.prompt_chunks)
+            prompt_lp = _host_copy(_chunked_logprobs(logits[num_sampled:], built.prompt_targets, top_k))
+        if not sampled and prompt_lp is None:
             empty = torch.empty(0, dtype=torch.int64, device=self.device)
             return LaunchedStep([], empty, empty.cpu(), None)
-        sampling = SamplingBatch.build(
-            [req.sampling for req in sampled], [req.output_len for req in sampled], logits.shape[-1], self.device
-        )
+        logits = logits[:num_sampled]
+        params = [req.sampling for req in sampled]
+        output_lens = [req.output_len for req in sampled]
+        sampling = SamplingBatch.build(params, output_lens, logits.shape[-1], self.device)
+        if plan.controls:
+            sampling.controls = self._controls(sampled, params, output_lens, plan.grammars)
         tokens = self.sampler.sample(logits, sampling)
+        if sampling.controls is not None and sampling.controls.penalties is not None:
+            self.penalties.update(sampling.controls.penalties, tokens)
+        logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None] if plan.controls else []
+        token_lp = None
+        if logprob_rows:
+            index = upload(logprob_rows, torch.int64, self.device)
+            top_k = max(params[i].logprobs or 0 for i in logprob_rows)
+            token_lp = _host_copy(token_logprobs(logits[index], tokens[index], top_k))
         host = self._token_staging.take(tokens.numel())
         host.copy_(tokens, non_blocking=True)
         event = self._events[self._step_parity]
         self._step_parity ^= 1
         event.record()
-        return LaunchedStep(sampled, tokens, host, event)
+        return LaunchedStep(sampled, tokens, host, event, logprob_rows, token_lp, built.prompt_chunks, prompt_lp)
+
+    def _controls(
+        self, sampled: list[Req], params: list[SamplingParams], output_lens: list[int], grammars: dict[int, GrammarState]
+    ) -> LogitsControls | None:
+        """Logit adjustments of this step, or None when no sampled request uses any (the usual case)."""
+        if not grammars and not any(
+            p.logit_bias or p.min_tokens or p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty
+            for p in params
+        ):
+            return None
+        bitmask = None
+        if grammars:
+            constrained = [i for i, req in enumerate(sampled) if req.rid in grammars]
+            if constrained:
+                width = bitmask_width(self.model_config.vocab_size)
+                mask = torch.full((len(constrained), width), -1, dtype=torch.int32)
+                for j, i in enumerate(constrained):
+                    grammars[sampled[i].rid].fill_bitmask(mask, j)
+                if self.platform.pin_memory:
+                    mask = mask.pin_memory()
+                bitmask = (upload(constrained, torch.int64, self.device), mask.to(self.device, non_blocking=True))
+        penalties = self.penalties.prepare(sampled)
+        eos_ids = self.model_config.eos_ids
+        return LogitsControls.build(params, output_lens, eos_ids, self.device, penalties, bitmask)
 
     def step(self, plan: StepPlan) -> ForwardOut:
         launched = self.launch(plan)
         return ForwardOut(launched.sampled_reqs, launched.result())
+
+
+class _Built(NamedTuple):
+    batch: ForwardBatch
+    sampled: list[Req]
+    prompt_chunks: list[PromptChunk]
+    prompt_targets: torch.Tensor  # [sum of chunk counts] int64 on the device
+
+
+def _chunked_logprobs(logits: torch.Tensor, targets: torch.Tensor, top_k: int, rows: int = 1024) -> TokenLogprobs:
+    """token_logprobs over many prompt rows, a block at a time (bounds the float32 temporaries)."""
+    parts = [token_logprobs(logits[i : i + rows], targets[i : i + rows], top_k) for i in range(0, len(targets), rows)]
+    return TokenLogprobs(*(torch.cat(column) for column in zip(*parts)))

@@ -1,17 +1,29 @@
 """Per-request sampling in one batched pass: greedy, temperature, top-k, top-p, min-p, seeds.
 
+Before the distribution is formed, `LogitsControls` adjust the logits of the rows that ask for it
+(vLLM order): logit_bias, repetition / frequency / presence penalties, the min_tokens ban on stop
+tokens, and the structured-output token bitmask. Rows without a control pay nothing.
+
 Seeded requests draw their noise from a counter-based hash of (seed, step, token id), so a seeded
 request samples the same tokens whatever else shares its batch, on CPU and GPU alike. Unseeded
 requests use the device RNG.
+
+`token_logprobs` reports logprobs of the raw model distribution (log_softmax of the logits before
+any control or temperature), as vLLM does by default.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from minisgl.core import SamplingParams
+from minisgl.engine.grammar import apply_token_bitmask
+from minisgl.engine.penalties import PenaltyBatch, apply_penalties
+from minisgl.engine.transfer import upload
 
 _MASK64 = (1 << 64) - 1
 
@@ -41,10 +53,61 @@ def hashed_uniform(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     return (_shr(z, 40).float() + 0.5) * (1.0 / (1 << 24))
 
 
-def _upload(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Host list -> device tensor without making the host wait for queued GPU work."""
-    pinned = device.type == "cuda"
-    return torch.tensor(values, dtype=dtype, pin_memory=pinned).to(device, non_blocking=True)
+@dataclass
+class LogitsControls:
+    """Per-row logit adjustments for one step; each part is None when no row uses it."""
+
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (rows, token ids, values)
+    banned: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) set to -inf
+    penalties: PenaltyBatch | None = None
+    bitmask: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, int32 [len(rows), ceil(V/32)])
+
+    @staticmethod
+    def build(
+        params: list[SamplingParams],
+        output_lens: list[int],
+        eos_ids: Sequence[int],
+        device: torch.device,
+        penalties: PenaltyBatch | None = None,
+        bitmask: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> "LogitsControls | None":
+        """`output_lens[i]`: tokens row i has produced before the one sampled now (min_tokens)."""
+        bias_rows: list[int] = []
+        bias_ids: list[int] = []
+        bias_values: list[float] = []
+        ban_rows: list[int] = []
+        ban_ids: list[int] = []
+        for i, p in enumerate(params):
+            if p.logit_bias:
+                bias_rows.extend([i] * len(p.logit_bias))
+                bias_ids.extend(p.logit_bias.keys())
+                bias_values.extend(p.logit_bias.values())
+            if output_lens[i] < p.min_tokens:
+                stops = set(p.stop_token_ids) if p.ignore_eos else set(p.stop_token_ids).union(eos_ids)
+                ban_rows.extend([i] * len(stops))
+                ban_ids.extend(stops)
+        if not bias_rows and not ban_rows and penalties is None and bitmask is None:
+            return None
+        i64 = torch.int64
+        bias = None
+        if bias_rows:
+            values = upload(bias_values, torch.float32, device)
+            bias = (upload(bias_rows, i64, device), upload(bias_ids, i64, device), values)
+        banned = (upload(ban_rows, i64, device), upload(ban_ids, i64, device)) if ban_rows else None
+        return LogitsControls(bias, banned, penalties, bitmask)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """float32 logits [R, V] -> adjusted logits (a new tensor; the input is left as it is)."""
+        if self.bias is not None:
+            rows, ids, values = self.bias
+            logits = logits.index_put((rows, ids), values, accumulate=True)
+        if self.penalties is not None:
+            logits = apply_penalties(logits, self.penalties)
+        if self.banned is not None:
+            logits = logits.index_put(self.banned, torch.tensor(float("-inf"), device=logits.device))
+        if self.bitmask is not None:
+            logits = apply_token_bitmask(logits, *self.bitmask)
+        return logits
 
 
 @dataclass
@@ -60,6 +123,7 @@ class SamplingBatch:
     min_p: torch.Tensor | None  # [R] float; None if no row uses min-p
     seeded_rows: torch.Tensor | None  # indices of rows with a seed
     seed_keys: torch.Tensor | None  # [len(seeded_rows)] int64: seed and step mixed
+    controls: LogitsControls | None = None  # logit adjustments applied before sampling
 
     @staticmethod
     def build(params: list[SamplingParams], steps: list[int], vocab: int, device: torch.device) -> "SamplingBatch":
@@ -68,26 +132,28 @@ class SamplingBatch:
             empty = torch.empty(0, device=device)
             return SamplingBatch(True, True, empty, empty.bool(), None, None, None, None, None)
         f32, i64 = torch.float32, torch.int64
-        temperature = _upload([p.temperature if not p.greedy else 1.0 for p in params], f32, device)
-        greedy = _upload([p.greedy for p in params], torch.bool, device)
+        temperature = upload([p.temperature if not p.greedy else 1.0 for p in params], f32, device)
+        greedy = upload([p.greedy for p in params], torch.bool, device)
         top_k = None
         if any(p.top_k is not None for p in params):
-            top_k = _upload([min(p.top_k or vocab, vocab) for p in params], i64, device)
-        top_p = _upload([p.top_p for p in params], f32, device) if any(p.top_p < 1 for p in params) else None
-        min_p = _upload([p.min_p for p in params], f32, device) if any(p.min_p > 0 for p in params) else None
+            top_k = upload([min(p.top_k or vocab, vocab) for p in params], i64, device)
+        top_p = upload([p.top_p for p in params], f32, device) if any(p.top_p < 1 for p in params) else None
+        min_p = upload([p.min_p for p in params], f32, device) if any(p.min_p > 0 for p in params) else None
         seeded = [i for i, p in enumerate(params) if p.seed is not None and not p.greedy]
         seeded_rows = seed_keys = None
         if seeded:
-            seeded_rows = _upload(seeded, i64, device)
+            seeded_rows = upload(seeded, i64, device)
             keys = [_signed(int(params[i].seed) * 1_000_003 + steps[i]) for i in seeded]  # type: ignore[arg-type]
-            seed_keys = _upload(keys, i64, device)
+            seed_keys = upload(keys, i64, device)
         any_greedy = any(p.greedy for p in params)
         return SamplingBatch(False, any_greedy, temperature, greedy, top_k, top_p, min_p, seeded_rows, seed_keys)
 
 
 class Sampler:
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """logits [R, V] (any float dtype) -> next token ids [R] int64."""
+        """logits [R, V] (any float dtype) -> next token ids [R] int64. `logits` is not modified."""
+        if batch.controls is not None:
+            logits = batch.controls.apply(logits.float())
         if batch.all_greedy:
             return logits.argmax(dim=-1)
         logits = logits.float()
@@ -121,3 +187,19 @@ class Sampler:
             drop |= mass_before >= batch.top_p.unsqueeze(1) * sorted_probs.sum(dim=-1, keepdim=True)
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         return torch.zeros_like(probs).scatter_(1, order, sorted_probs)
+
+
+class TokenLogprobs(NamedTuple):
+    """Logprobs of chosen tokens and the top alternatives, for some rows (device tensors)."""
+
+    chosen: torch.Tensor  # [N] float32: logprob of each row's token
+    top_values: torch.Tensor  # [N, K] float32, descending
+    top_ids: torch.Tensor  # [N, K] int64
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_k: int) -> TokenLogprobs:
+    """Raw-distribution logprobs: logits [N, V] (before any control), tokens [N] -> TokenLogprobs."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    top_values, top_ids = logprobs.topk(top_k, dim=-1)
+    return TokenLogprobs(chosen, top_values, top_ids)

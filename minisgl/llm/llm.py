@@ -120,8 +120,11 @@ class LLM:
             self.scheduler.add_request(rid, ids, sp)
             rids.append(rid)
         results: dict[int, dict[str, Any]] = {
-            rid: {"token_ids": [], "finish_reason": None, "prompt_tokens": len(ids), "cached_tokens": 0}
-            for rid, ids in zip(rids, prompt_ids)
+            rid: {
+                "token_ids": [], "finish_reason": None, "prompt_tokens": len(ids), "cached_tokens": 0,
+                "logprobs": [] if sp.logprobs is not None else None, "prompt_logprobs": None,
+            }
+            for rid, ids, sp in zip(rids, prompt_ids, params)
         }
         bar = tqdm(total=len(rids), desc="Generating", unit="req", disable=not use_tqdm)
         pending = len(rids)
@@ -132,6 +135,10 @@ class LLM:
                     continue
                 result["token_ids"].extend(out.token_ids)
                 result["cached_tokens"] = out.cached_tokens
+                if out.logprobs is not None:
+                    result["logprobs"].extend(out.logprobs)
+                if out.prompt_logprobs is not None:
+                    result["prompt_logprobs"] = out.prompt_logprobs
                 if out.finish_reason is not None:
                     result["finish_reason"] = out.finish_reason
                     pending -= 1

@@ -14,6 +14,9 @@ class SchedulerConfig:
     # Plan step N+1 while step N runs. None: on where the device is asynchronous (CUDA) unless
     # MINISGL_DISABLE_OVERLAP=1. Forcing it on CPU exercises the same code path in tests.
     overlap: bool | None = None
+    # A request whose prompt shares whole pages with a resident request still computing them
+    # waits for them to reach the prefix cache instead of computing them again (n > 1 samples).
+    dedupe_prefill: bool = True
 
     def __post_init__(self) -> None:
         if self.max_running_requests < 1:

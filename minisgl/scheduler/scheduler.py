@@ -11,11 +11,14 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, replace
 
-from minisgl.core import Req, SamplingParams
+from minisgl.core import FinishReason, Req, SamplingParams
 from minisgl.engine.config import EngineConfig
-from minisgl.engine.engine import Engine, LaunchedStep, StepPlan
+from minisgl.engine.engine import Engine, LaunchedStep, LogprobEntry, StepPlan
+from minisgl.engine.grammar import GrammarBackend, GrammarState, grammar_key
+from minisgl.engine.penalties import uses_penalties
 from minisgl.env import ENV
 from minisgl.kvcache import PageAllocator, create_prefix_cache
+from minisgl.kvcache.prefix_cache import MatchResult
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.utils.logging import get_logger
 
@@ -30,6 +33,11 @@ class ReqOutput:
     prompt_tokens: int
     cached_tokens: int
     output_tokens: int
+    # Requested with `logprobs`: one (logprob, top alternatives) entry per token in token_ids.
+    logprobs: list[LogprobEntry] | None = None
+    # Requested with `prompt_logprobs`: one entry per prompt token, sent once with the first
+    # output; the first prompt token has nothing to condition on: (None, []).
+    prompt_logprobs: list[tuple[float | None, list[tuple[int, float]]]] | None = None
 
 
 @dataclass
@@ -38,6 +46,7 @@ class InFlight:
 
     step: LaunchedStep
     marks: list[tuple[Req, int]]
+    logprobs: bool = False  # some live request asked for (prompt) logprobs: read them back
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,17 @@ class Scheduler:
         overlap = sched_config.overlap
         self.overlap = engine.platform.name == "cuda" and not ENV.disable_overlap if overlap is None else overlap
         self._inflight: InFlight | None = None
+        # Per-request state beyond `Req` (by rid): structured-output matchers, prompt logprobs
+        # gathered until the first output token, requests wanting logprobs, and requests whose
+        # engine-side state (penalty counts) the next plan releases.
+        self._grammar_backend: GrammarBackend | None = None
+        self.grammars: dict[int, GrammarState] = {}
+        self._prompt_logprobs: dict[int, list[LogprobEntry]] = {}
+        self._logprob_rids: set[int] = set()
+        self._controlled_rids: set[int] = set()  # any logit control, grammar or logprobs
+        self._released: list[int] = []
+        # Waiting for a resident request to compute a shared prefix only pays when it is kept.
+        self._dedupe_prefill = sched_config.dedupe_prefill and sched_config.cache == "radix"
 
     # ---------------------------------------------------------------- public API
     def add_request(self, rid: int, prompt_ids: list[int], sampling: SamplingParams) -> None:
@@ -103,15 +123,45 @@ class Scheduler:
                 f"the request needs up to {worst} tokens of KV cache, more than the pool holds "
                 f"({self.allocator.num_pages * self.page_size}); raise --num-pages or lower max_tokens"
             )
+        for name, ids in (("logit_bias", sampling.logit_bias), ("stop_token_ids", sampling.stop_token_ids)):
+            if ids and (min(ids) < 0 or max(ids) >= vocab):
+                raise ValueError(f"{name} token ids must be in [0, {vocab})")
+        grammar = self._new_grammar(sampling)
         req = Req(rid, list(prompt_ids), sampling, eos_ids=self.eos_ids, max_total_len=self.context_len)
         self.reqs[rid] = req
         self.waiting.append(req)
+        if grammar is not None:
+            self.grammars[rid] = grammar
+        if sampling.logprobs is not None or sampling.prompt_logprobs is not None:
+            self._logprob_rids.add(rid)
+        if (grammar is not None or rid in self._logprob_rids or uses_penalties(sampling) or sampling.logit_bias
+                or sampling.min_tokens):
+            self._controlled_rids.add(rid)
+
+    def _new_grammar(self, sampling: SamplingParams) -> GrammarState | None:
+        if grammar_key(sampling) is None:
+            return None
+        if self._grammar_backend is None:
+            engine = self.engine
+            self._grammar_backend = GrammarBackend(engine.model_dir, engine.model_config.vocab_size, sorted(self.eos_ids))
+        return self._grammar_backend.new_state(sampling)
+
+    def _forget(self, req: Req) -> None:
+        """Drop the per-request state of a request that left (finished or aborted)."""
+        rid = req.rid
+        self.grammars.pop(rid, None)
+        self._prompt_logprobs.pop(rid, None)
+        self._logprob_rids.discard(rid)
+        self._controlled_rids.discard(rid)
+        if uses_penalties(req.sampling):
+            self._released.append(rid)
 
     def abort(self, rid: int) -> bool:
         req = self.reqs.pop(rid, None)
         if req is None:
             return False
         req.finish_reason = "abort"
+        self._forget(req)
         if req.row is not None:
             self.running.remove(req)
             self._release(req)
@@ -154,7 +204,7 @@ class Scheduler:
         launched: InFlight | None = None
         if plan is not None:
             step = self.engine.launch(plan, self._inflight.step if self._inflight else None)
-            launched = InFlight(step, self._advance(plan, step.sampled_reqs))
+            launched = InFlight(step, self._advance(plan, step.sampled_reqs), bool(self._logprob_rids))
         outputs: list[ReqOutput] = []
         if self.overlap:
             previous, self._inflight = self._inflight, launched
@@ -185,14 +235,22 @@ class Scheduler:
         return marks
 
     def _complete(self, inflight: "InFlight") -> list[ReqOutput]:
-        tokens = inflight.step.result()
+        step = inflight.step
+        tokens = step.result()
+        token_logprobs: list[LogprobEntry | None] | None = None
+        if inflight.logprobs:
+            self._collect_prompt_logprobs(step)
+            token_logprobs = step.token_logprobs()
+        grammars = self.grammars
         outputs: list[ReqOutput] = []
-        for (req, index), token in zip(inflight.marks, tokens):
+        for j, ((req, index), token) in enumerate(zip(inflight.marks, tokens)):
             req.num_pending -= 1
             if req.finished:
                 continue  # aborted, or ended by an earlier token while this step was in flight
             req.output_ids[index] = token
             reason = req.finish_reason_at(index)
+            if grammars and req.rid in grammars:
+                reason = self._accept_grammar(req, grammars[req.rid], token, reason)
             if reason is not None:
                 del req.output_ids[index + 1 :]  # tokens sampled after the end are dropped
                 req.finish_reason = reason
@@ -202,8 +260,39 @@ class Scheduler:
                     self._release(req)
                 else:
                     self.waiting.remove(req)  # retracted while its last token was in flight
-            outputs.append(ReqOutput(req.rid, [token], reason, req.prompt_len, req.prefix_len, index + 1))
+            out = ReqOutput(req.rid, [token], reason, req.prompt_len, req.prefix_len, index + 1)
+            if token_logprobs is not None:
+                entry = token_logprobs[j]
+                out.logprobs = None if entry is None else [entry]
+                if index == 0 and req.sampling.prompt_logprobs is not None:
+                    out.prompt_logprobs = [(None, []), *self._prompt_logprobs.pop(req.rid, [])]
+            if reason is not None:
+                self._forget(req)
+            outputs.append(out)
         return outputs
+
+    def _accept_grammar(
+        self, req: Req, grammar: GrammarState, token: int, reason: FinishReason | None
+    ) -> FinishReason | None:
+        """Advance the request's matcher; it ends once the grammar accepted a stop token."""
+        if not grammar.accept(token):
+            # Only reachable if a token was sampled without the request's current mask.
+            logger.error("request %s: token %d violates its grammar; ending it", req.rid, token)
+            return reason or "stop"
+        if grammar.terminated:
+            return reason or "stop"
+        return reason
+
+    def _collect_prompt_logprobs(self, step: LaunchedStep) -> None:
+        """Gather prompt-logprob chunks until the request's first output token is known (a
+        recomputation after retraction produces them again; those are dropped)."""
+        for chunk, entries in step.prompt_logprob_chunks():
+            req = chunk.req
+            if req.finished or req.output_len - req.num_pending > 0:
+                continue
+            gathered = self._prompt_logprobs.setdefault(req.rid, [])
+            del gathered[chunk.first - 1 :]
+            gathered.extend(entries)
 
     def _plan(self) -> StepPlan | None:
         while True:
@@ -219,12 +308,15 @@ class Scheduler:
         # 1. Decodes: one token each; retract the newest requests if their pages run out.
         # (Hot loop: lengths are read off the lists directly rather than through properties.)
         page_tokens = self.page_size
+        grammars = self.grammars
         for req in list(self.running):
             total = len(req.prompt_ids) + len(req.output_ids)
             if total - req.cached_len != 1 or req.row is None:  # row None: retracted above
                 continue
             if len(req.output_ids) >= req.sampling.max_tokens or total >= req.max_total_len:
                 continue  # ends with its in-flight token
+            if req.num_pending and grammars and req.rid in grammars:
+                continue  # its next mask needs the in-flight token: it decodes every other step
             while req.cached_len >= len(req.pages) * page_tokens and not self._reserve(req, 1):
                 victim = max(self.running, key=lambda r: r.arrival)
                 self._retract(victim)
@@ -281,7 +373,8 @@ class Scheduler:
                 out_loc.append(pages[begin // ps] * ps + begin % ps)
             else:
                 out_loc.extend(pages[p // ps] * ps + p % ps for p in range(begin, end))
-        return StepPlan(reqs, out_loc, rows, pos, slots, from_prev)
+        released, self._released = self._released, []
+        return StepPlan(reqs, out_loc, rows, pos, slots, from_prev, self.grammars, released, bool(self._controlled_rids))
 
     # ---------------------------------------------------------------- pages and rows
     def _alloc_pages(self, n: int) -> list[int] | None:
@@ -305,8 +398,13 @@ class Scheduler:
         """Give `req` a row and its cached prefix, if the pool can take it with room for decodes."""
         ps = self.page_size
         ids = req.all_ids
-        # At least one token must be computed to produce logits.
-        match = self.cache.match(ids[: req.total_len - 1])
+        if req.sampling.prompt_logprobs is not None:
+            match = MatchResult(self.cache.root, [])  # every prompt position needs its logits
+        else:
+            # At least one token must be computed to produce logits.
+            match = self.cache.match(ids[: req.total_len - 1])
+            if self._dedupe_prefill and self._shares_pending_prefill(req, ids, len(match.pages)):
+                return False
         uncached = req.total_len - len(match.pages) * ps
         need = _pages_for(uncached + min(req.sampling.max_tokens - req.output_len, self.config.decode_reserve_tokens), ps)
         reserve = sum(
@@ -335,6 +433,24 @@ class Scheduler:
                 pos.append(p)
                 slots.append(req.pages[p // ps] * ps + p % ps)
         return True
+
+    def _shares_pending_prefill(self, req: Req, ids: list[int], matched_pages: int) -> bool:
+        """Whether a resident request is about to compute (and cache) the next whole page of this
+        request's prefix: then waiting for it beats computing it twice (n > 1 samples of one
+        prompt, a shared system prompt arriving together). Prefill chunks are shared as soon as
+        they are computed, so this waits a step per shared chunk."""
+        ps = self.page_size
+        begin, end = matched_pages * ps, (matched_pages + 1) * ps
+        if end > req.total_len - 1:
+            return False  # nothing more this request could take from the cache
+        page = ids[begin:end]
+        for other in self.running:
+            if other.uncomputed_len <= 1 or other.total_len < end or other.cached_len >= end:
+                continue  # not prefilling that page
+            # The same page, after the same prefix (compared last: the page alone rarely matches).
+            if other.token_slice(begin, end) == page and other.token_slice(0, begin) == ids[:begin]:
+                return True
+        return False
 
     def _cache_prefix(self, req: Req) -> None:
         """Hand the request's whole computed pages to the prefix cache (keeping them locked)."""

@@ -46,6 +46,7 @@ class Harness:
         eos_ids: tuple[int, ...] = (),
         next_token: NextToken | None = None,
         overlap: bool = False,
+        dedupe_prefill: bool = True,
     ) -> None:
         self.engine = FakeEngine(
             page_size=page_size, num_pages=num_pages, context_len=context_len, vocab_size=vocab_size,
@@ -53,7 +54,7 @@ class Harness:
         )
         config = SchedulerConfig(
             max_running_requests=max_running, max_prefill_tokens=budget, cache=cache,  # type: ignore[arg-type]
-            decode_reserve_tokens=reserve, overlap=overlap,
+            decode_reserve_tokens=reserve, overlap=overlap, dedupe_prefill=dedupe_prefill,
         )
         self.sched = Scheduler(self.engine.config, config, engine=self.engine)  # type: ignore[arg-type]
         self.results: dict[int, Result] = {}
@@ -336,8 +337,9 @@ def test_row_of_an_aborted_request_does_not_inherit_its_pending_table_entries() 
     """A and B prefill the same 24 tokens in one step; A caches them first, so B switches to A's
     copies and the token-table update for that is deferred to the next plan. B is aborted first;
     C, sharing only the start of the prefix, takes B's row and computes those very positions in
-    its first step: the deferred entries for B must not overwrite C's own slots."""
-    h = Harness(cache="radix", page_size=4, budget=64)
+    its first step: the deferred entries for B must not overwrite C's own slots. (B would wait for
+    A's prefill instead, so that is turned off here.)"""
+    h = Harness(cache="radix", page_size=4, budget=64, dedupe_prefill=False)
     x = prompt_of(24, 11)
     h.add(0, x, max_tokens=3, ignore_eos=True)  # A
     h.add(2, x + prompt_of(12, 200), max_tokens=4)  # B
