@@ -1,8 +1,8 @@
 """Per-request sampling in one batched pass: greedy, temperature, top-k, top-p, min-p, seeds.
 
 Before the distribution is formed, `LogitsControls` adjust the logits of the rows that ask for it
-(vLLM order): logit_bias, repetition / frequency / presence penalties, the min_tokens ban on stop
-tokens, and the structured-output token bitmask. Rows without a control pay nothing.
+(vLLM order): logit_bias, repetition / frequency / presence penalties, the structured-output token
+bitmask, and the min_tokens ban on stop tokens. Rows without a control pay nothing.
 
 Seeded requests draw their noise from a counter-based hash of (seed, step, token id), so a seeded
 request samples the same tokens whatever else shares its batch, on CPU and GPU alike. Unseeded
@@ -103,10 +103,15 @@ class LogitsControls:
             logits = logits.index_put((rows, ids), values, accumulate=True)
         if self.penalties is not None:
             logits = apply_penalties(logits, self.penalties)
-        if self.banned is not None:
-            logits = logits.index_put(self.banned, torch.tensor(float("-inf"), device=logits.device))
         if self.bitmask is not None:
             logits = apply_token_bitmask(logits, *self.bitmask)
+        if self.banned is not None:
+            banned = logits.index_put(self.banned, torch.tensor(float("-inf"), device=logits.device))
+            if self.bitmask is not None:
+                # A grammar that can only end here wins over min_tokens: some token must remain.
+                stuck = torch.isneginf(banned).all(dim=1, keepdim=True)
+                banned = torch.where(stuck, logits, banned)
+            logits = banned
         return logits
 
 

@@ -154,3 +154,15 @@ def test_bitmask_matches_bit_loop() -> None:
     # A logits row wider than the mask (padded vocabulary): the extra tokens are disallowed.
     wide = apply_token_bitmask(torch.zeros(1, 100), torch.tensor([0]), torch.full((1, 3), -1, dtype=torch.int32))
     assert torch.isinf(wide[0, 96:]).all() and not torch.isinf(wide[0, :96]).any()
+
+
+def test_grammar_that_must_end_overrides_min_tokens() -> None:
+    """If the grammar allows only EOS while min_tokens bans it, EOS stays (no row without tokens)."""
+    logits = torch.zeros(2, 64)
+    only_eos = torch.tensor([[1 << 5, 0]], dtype=torch.int32)  # token 5 alone
+    params = [SamplingParams(min_tokens=3), SamplingParams(min_tokens=3)]
+    controls = LogitsControls.build(params, [0, 0], (5,), CPU, bitmask=(torch.tensor([0]), only_eos))
+    assert controls is not None
+    got = controls.apply(logits)
+    assert torch.isfinite(got[0]).nonzero().flatten().tolist() == [5]
+    assert torch.isneginf(got[1, 5]) and torch.isfinite(got[1]).sum() == 63
