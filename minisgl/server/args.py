@@ -28,6 +28,10 @@ class ServerConfig:
     startup_timeout: float = 600.0
     api_key: str | None = None
     cors_origins: tuple[str, ...] = ()
+    # Overload, deadlines and shutdown (server/admission.py). None: unbounded / no deadline.
+    max_queued_requests: int | None = None
+    request_timeout: float | None = None
+    shutdown_timeout: float = 20.0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -116,7 +120,37 @@ def build_parser() -> argparse.ArgumentParser:
                    "/health and /metrics (default: $MINISGL_API_KEY, else no key)")  # fmt: skip
     s.add_argument("--cors-origins", nargs="+", default=[], metavar="ORIGIN",
                    help="origins allowed to call the server from a browser ('*' for any)")  # fmt: skip
+    r = p.add_argument_group("overload and shutdown")
+    r.add_argument("--max-queued-requests", type=_non_negative_int, default=None, metavar="N",
+                   help="answer 503 (with Retry-After) at once to a generation request arriving while "
+                   "--max-running-requests + N are in flight (default: no bound)")  # fmt: skip
+    r.add_argument("--request-timeout", type=_positive_float, default=None, metavar="S",
+                   help="end a generation request still running after S seconds with an error "
+                   "(504; an error event when streaming) and free its KV pages (default: none)")  # fmt: skip
+    r.add_argument("--shutdown-timeout", type=_non_negative_float, default=20.0, metavar="S",
+                   help="on SIGTERM / Ctrl-C: refuse new requests, let those in flight finish for up to S "
+                   "seconds, then end the rest with an error (default: 20)")  # fmt: skip
     return p
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
 
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
@@ -143,4 +177,6 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         engine=engine, sched=sched, host=args.host, port=args.port, shell=args.shell,
         served_model_name=args.served_model_name, startup_timeout=args.startup_timeout,
         api_key=args.api_key or ENV.api_key, cors_origins=tuple(args.cors_origins),
+        max_queued_requests=args.max_queued_requests, request_timeout=args.request_timeout,
+        shutdown_timeout=args.shutdown_timeout,
     )  # fmt: skip

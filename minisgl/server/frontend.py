@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from minisgl.message.codec import encode
 from minisgl.message.frontend import (
     DetokenizedMsg,
     ErrorMsg,
@@ -144,6 +145,13 @@ class FrontendManager:
         if self.dead is not None:
             for msg in msgs:
                 self._inboxes[msg.rid].push(ErrorMsg(msg.rid, self.dead, 503))
+            return
+        try:  # values no wire message can carry (integers beyond 64 bits) are the client's error
+            for msg in msgs:
+                encode(msg)
+        except (TypeError, ValueError, OverflowError):
+            for msg in msgs:
+                self._inboxes[msg.rid].push(ErrorMsg(msg.rid, "A number in the request is out of range", 400))
             return
         for msg in msgs:
             await self.to_tokenizer.put(msg)

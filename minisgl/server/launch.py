@@ -248,12 +248,18 @@ def _default_name(model: str | None, model_dir: str) -> str:
 def _serve(config: ServerConfig, procs: ServiceProcesses, sock: socket.socket, served: str, context_len: int) -> int:
     import uvicorn
 
+    from minisgl.server.admission import AdmissionConfig, DrainingServer, guard_app
     from minisgl.server.api_server import AppState, create_app
 
     state = AppState(procs.frontend_addrs, served, context_len, procs.health, started=int(time.time()),
                      api_key=config.api_key, cors_origins=list(config.cors_origins))  # fmt: skip
-    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=2, lifespan="on"))  # fmt: skip
+    # Admission control (server/admission.py): in-flight bound, deadline, drain on SIGTERM.
+    queued = config.max_queued_requests
+    limit = None if queued is None else config.sched.max_running_requests + queued
+    guard = guard_app(create_app(state), AdmissionConfig(limit, config.request_timeout))
+    server = DrainingServer(uvicorn.Config(guard, log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=2, lifespan="on"),
+                            guard, config.shutdown_timeout)  # fmt: skip
     failed: list[str] = []
 
     def on_death(name: str) -> None:
