@@ -339,9 +339,11 @@ class Scheduler:
                     chosen.append(req)
                 else:
                     starved = True
+        # Resident requests with prompt pages still to compute (what an admission may wait for).
+        prefilling = [r for r in self.running if r.uncomputed_len > 1] if self._dedupe_prefill and self.waiting else []
         while budget > 0 and self.waiting and self.free_rows:
             req = self.waiting[0]
-            if req.num_pending or not self._admit(req):
+            if req.num_pending or not self._admit(req, prefilling):
                 break
             self.waiting.popleft()
             chunk = min(req.uncomputed_len, budget)
@@ -351,6 +353,8 @@ class Scheduler:
             req.extend_len = chunk
             budget -= chunk
             chosen.append(req)
+            if self._dedupe_prefill and req.uncomputed_len > 1:
+                prefilling.append(req)
         if not chosen:
             return None, starved and bool(self.running)
         return self._build_plan(chosen), False
@@ -394,8 +398,10 @@ class Scheduler:
         req.pages.extend(pages)
         return True
 
-    def _admit(self, req: Req) -> bool:
-        """Give `req` a row and its cached prefix, if the pool can take it with room for decodes."""
+    def _admit(self, req: Req, prefilling: list[Req] | None = None) -> bool:
+        """Give `req` a row and its cached prefix, if the pool can take it with room for decodes.
+
+        It waits instead (returns False) while one of `prefilling` is computing its next page."""
         ps = self.page_size
         ids = req.all_ids
         if req.sampling.prompt_logprobs is not None:
@@ -403,7 +409,7 @@ class Scheduler:
         else:
             # At least one token must be computed to produce logits.
             match = self.cache.match(ids[: req.total_len - 1])
-            if self._dedupe_prefill and self._shares_pending_prefill(req, ids, len(match.pages)):
+            if prefilling and self._shares_pending_prefill(req, ids, len(match.pages), prefilling):
                 return False
         uncached = req.total_len - len(match.pages) * ps
         need = _pages_for(uncached + min(req.sampling.max_tokens - req.output_len, self.config.decode_reserve_tokens), ps)
@@ -434,7 +440,7 @@ class Scheduler:
                 slots.append(req.pages[p // ps] * ps + p % ps)
         return True
 
-    def _shares_pending_prefill(self, req: Req, ids: list[int], matched_pages: int) -> bool:
+    def _shares_pending_prefill(self, req: Req, ids: list[int], matched_pages: int, prefilling: list[Req]) -> bool:
         """Whether a resident request is about to compute (and cache) the next whole page of this
         request's prefix: then waiting for it beats computing it twice (n > 1 samples of one
         prompt, a shared system prompt arriving together). Prefill chunks are shared as soon as
@@ -444,8 +450,8 @@ class Scheduler:
         if end > req.total_len - 1:
             return False  # nothing more this request could take from the cache
         page = ids[begin:end]
-        for other in self.running:
-            if other.uncomputed_len <= 1 or other.total_len < end or other.cached_len >= end:
+        for other in prefilling:
+            if other.row is None or other.total_len < end or other.cached_len >= end:
                 continue  # not prefilling that page
             # The same page, after the same prefix (compared last: the page alone rarely matches).
             if other.token_slice(begin, end) == page and other.token_slice(0, begin) == ids[:begin]:
