@@ -115,9 +115,10 @@ def create_app(state: AppState) -> FastAPI:
     async def generate(request: Request) -> Response:
         req: GenerateRequest = parse_request(GenerateRequest, await request.body())
         prompt: Prompt = TextPrompt(req.text) if req.text is not None else TokenPrompt(req.input_ids or [])
+        sampling = req.sampling()  # may refuse the request: before any reply state exists
         inbox = state.fm.open(1, notify_each=req.stream)
         session = Session(state.fm, request, inbox)
-        await session.submit([TokenizeMsg(inbox.rids[0], prompt, req.sampling(), True, req.stop_list())])
+        await session.submit([TokenizeMsg(inbox.rids[0], prompt, sampling, True, req.stop_list())])
         return await respond_native(session, req.stream)
 
     @app.get("/v1/models")
