@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -44,6 +44,20 @@ class ReplyObserver(Protocol):
     def reply(self, reply: Reply) -> None: ...
 
     def forget(self, rids: list[int]) -> None: ...
+
+
+_OUT_OF_RANGE = "A number in the request is out of range"
+
+
+def _encodable(msgs: Sequence[object]) -> bool:
+    """Whether every message fits on the wire: msgpack carries no integer beyond 64 bits, and
+    such a value in a request is the client's error, not an internal one."""
+    try:
+        for msg in msgs:
+            encode(msg)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -139,19 +153,29 @@ class FrontendManager:
             self._inboxes[rid] = inbox
         if self.observer is not None:
             self.observer.opened(rids)
+        # Backstop: however the request's task ends (a handler that raised after opening, a
+        # cancelled task), its reply state goes and its unfinished rids are aborted.
+        task = asyncio.current_task()
+        if task is not None:
+            task.add_done_callback(lambda _: self._reap(inbox))
         return inbox
+
+    def _reap(self, inbox: Inbox) -> None:
+        if any(self._inboxes.get(rid) is inbox for rid in inbox.rids):
+            logger.warning("request %d ended without releasing its replies: releasing them now", inbox.rids[0])
+            try:
+                self.release(inbox)
+            except Exception as exc:  # shutting down: the queues are closed
+                logger.debug("could not abort request %d: %r", inbox.rids[0], exc)
 
     async def submit(self, msgs: list[TokenizeMsg]) -> None:
         if self.dead is not None:
             for msg in msgs:
                 self._inboxes[msg.rid].push(ErrorMsg(msg.rid, self.dead, 503))
             return
-        try:  # values no wire message can carry (integers beyond 64 bits) are the client's error
+        if not _encodable(msgs):
             for msg in msgs:
-                encode(msg)
-        except (TypeError, ValueError, OverflowError):
-            for msg in msgs:
-                self._inboxes[msg.rid].push(ErrorMsg(msg.rid, "A number in the request is out of range", 400))
+                self._inboxes[msg.rid].push(ErrorMsg(msg.rid, _OUT_OF_RANGE, 400))
             return
         for msg in msgs:
             await self.to_tokenizer.put(msg)
@@ -183,10 +207,13 @@ class FrontendManager:
     async def query(self, make: Callable[[int], object], to_tokenizer: bool, timeout: float = 5.0) -> QueryReply:
         """Send `make(query_id)` to the tokenizer (or scheduler rank 0) and await its answer."""
         query = next(self._query_ids)
+        msg = make(query)
+        if not _encodable([msg]):
+            return QueryErrorMsg(query, _OUT_OF_RANGE)
         future: asyncio.Future[QueryReply] = asyncio.get_running_loop().create_future()
         self._queries[query] = future
         try:
-            await (self.to_tokenizer if to_tokenizer else self.to_scheduler).put(make(query))
+            await (self.to_tokenizer if to_tokenizer else self.to_scheduler).put(msg)
             return await asyncio.wait_for(future, timeout)
         finally:
             self._queries.pop(query, None)
