@@ -72,7 +72,7 @@ class SchedulerLoop:
                 outs.append(
                     TokenOut(out.rid, out.token_ids, out.finish_reason,  # type: ignore[arg-type]
                              out.prompt_tokens, out.cached_tokens, out.output_tokens,
-                             getattr(out, "logprobs", None), getattr(out, "prompt_logprobs", None))
+                             out.logprobs, out.prompt_logprobs)
                 )
         if outs and self.to_detok is not None:
             self.to_detok.put(TokenOutMsg(outs))

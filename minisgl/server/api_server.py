@@ -87,8 +87,9 @@ def create_app(state: AppState) -> FastAPI:
                 for i, rid in enumerate(inbox.rids)]  # fmt: skip
         session = Session(state.fm, request, inbox)
         await session.submit(msgs)
-        options = ChoiceOptions(tool_mode=req.tool_mode, tool_names=tuple(req.tool_names), forced_tool=req.forced_tool,
-                                parallel_tools=req.parallel_tool_calls is not False, logprobs=bool(req.logprobs))  # fmt: skip
+        options = ChoiceOptions(tool_mode=req.tool_mode, tool_names=tuple(req.tool_names),
+                                forced_tool=req.forced_tool, parallel_tools=req.parallel_tool_calls is not False,
+                                logprobs=bool(req.logprobs))  # fmt: skip
         builder = ResponseBuilder("chat", req.model or state.served_model, inbox.rids, True, options)
         return await respond(session, builder, req.stream, req.include_usage)
 

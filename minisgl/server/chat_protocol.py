@@ -206,8 +206,9 @@ def _check_call(where: str, call: Any) -> dict[str, Any]:
             or set(call) - {"id", "type", "function", "index"}:  # fmt: skip
         raise ValueError(f"{where}: a tool call is {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}")
     function = call.get("function")
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
-            or not isinstance(function.get("arguments", "{}"), str) or set(function) - {"name", "arguments"}:  # fmt: skip
+    valid = isinstance(function, dict) and isinstance(function.get("name"), str) \
+        and isinstance(function.get("arguments", "{}"), str) and not set(function) - {"name", "arguments"}
+    if not valid:
         raise ValueError(f"{where}.function must be {{'name': <string>, 'arguments': <JSON string>}}")
     return {"id": str(call.get("id") or ""), "type": "function",
             "function": {"name": function["name"], "arguments": function.get("arguments", "{}")}}  # fmt: skip

@@ -72,7 +72,8 @@ def tool_choice_schema(tools: list[dict[str, Any]], forced: str | None, parallel
          "required": ["name", "parameters"]}
         for t in tools
     ]  # fmt: skip
-    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+    items = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": items}
     if not parallel:
         schema["maxItems"] = 1
     return schema
@@ -167,7 +168,7 @@ class AutoToolParser(BaseToolParser):
                 continue
             stripped = self.buf.lstrip()
             if not self.sent_text and not self.called:
-                if not stripped or PYTHON_TAG.startswith(stripped[: len(PYTHON_TAG)]) and len(stripped) < len(PYTHON_TAG):
+                if not stripped or (len(stripped) < len(PYTHON_TAG) and PYTHON_TAG.startswith(stripped)):
                     return out  # only whitespace, or maybe the start of <|python_tag|>
                 if stripped[0] in "{[" or stripped.startswith(PYTHON_TAG):
                     self.mode = "json"
@@ -251,9 +252,31 @@ class RequiredToolParser(BaseToolParser):
 
     def finish(self) -> ParsedDelta:
         calls = parse_json_calls(self.buf, self.names)
-        if calls is None:  # cut short (max_tokens): hand the text back as it is
+        if calls is None:  # cut short (max_tokens): keep the calls that are complete
+            calls = _complete_items(self.buf, self.names)
+        if not calls:
             return ParsedDelta(content=self.buf)
         out = ParsedDelta()
         for name, args in calls:
             out.calls += self._call(name, args)
         return out
+
+
+def _complete_items(text: str, names: set[str]) -> list[tuple[str, str]]:
+    """The whole calls at the start of a JSON list that was cut off."""
+    decoder = json.JSONDecoder()
+    pos = text.find("[") + 1
+    calls: list[tuple[str, str]] = []
+    while 0 < pos < len(text):
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except ValueError:
+            break
+        call = _as_call(obj, names)
+        if call is None:
+            break
+        calls.append(call)
+        pos = end
+        while pos < len(text) and text[pos] in " \n\t,":
+            pos += 1
+    return calls

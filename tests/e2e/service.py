@@ -136,3 +136,11 @@ def start_server(tmp_path_factory: pytest.TempPathFactory, name: str, *extra: st
         server.stop()
         raise
     return server
+
+
+def parallel(*calls: Any) -> list[Any]:
+    """Run zero-argument callables at once (the server batches them: one decode for all)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(lambda fn: fn(), calls))

@@ -101,6 +101,9 @@ def test_required_parser_and_schema():
     assert calls[0]["name"] == "add" and json.loads(calls[0]["arguments"]) == {"a": 2}
     content, calls, _ = run(RequiredToolParser(NAMES), '[{"name": "add", "param', 4)
     assert calls == [] and content == '[{"name": "add", "param'
+    cut = '[{"name": "add", "parameters": {"a": 1}}, {"name": "get_weather", "parameters": {}}, {"name": "ad'
+    content, calls, _ = run(RequiredToolParser(NAMES), cut, 7)  # max_tokens hit: whole calls survive
+    assert content == "" and [c["name"] for c in calls] == ["add", "get_weather"]
     assert parse_json_calls('{"name": "add", "parameters": {}}; {"name": "get_weather", "parameters": {}}',
                             set(NAMES)) == [("add", "{}"), ("get_weather", "{}")]  # fmt: skip
 
