@@ -31,7 +31,7 @@ class ServerConfig:
     # Overload, deadlines and shutdown (server/admission.py). None: unbounded / no deadline.
     max_queued_requests: int | None = None
     request_timeout: float | None = None
-    shutdown_timeout: float = 20.0
+    shutdown_timeout: float = 10.0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -127,9 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--request-timeout", type=_positive_float, default=None, metavar="S",
                    help="end a generation request still running after S seconds with an error "
                    "(504; an error event when streaming) and free its KV pages (default: none)")  # fmt: skip
-    r.add_argument("--shutdown-timeout", type=_non_negative_float, default=20.0, metavar="S",
+    r.add_argument("--shutdown-timeout", type=_non_negative_float, default=10.0, metavar="S",
                    help="on SIGTERM / Ctrl-C: refuse new requests, let those in flight finish for up to S "
-                   "seconds, then end the rest with an error (default: 20)")  # fmt: skip
+                   "seconds, then end the rest with an error (default: 10)")  # fmt: skip
     return p
 
 
