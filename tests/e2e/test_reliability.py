@@ -16,6 +16,8 @@ import http.client
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +25,7 @@ from typing import Any
 import pytest
 
 from minisgl.bench.stress import HttpReply, StressConfig, format_round, http_call, run_stress, valid_body
-from tests.e2e.service import Server, get_json, post_json, start_server, wait_idle
+from tests.e2e.service import REPO, Server, get_json, post_json, start_server, wait_idle
 
 psutil = pytest.importorskip("psutil")
 
@@ -309,3 +311,18 @@ class TestDeadWorker:
         assert code != 0
         assert wait_until(lambda: all(_zombie(p) for p in family), 10), [p for p in family if not _zombie(p)]
         assert worker in srv.log() and "died" in srv.log()
+
+
+# ------------------------------------------------------------------------------------ options
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--max-queued-requests", "-1"], ["--max-queued-requests", "many"], ["--request-timeout", "0"],
+     ["--request-timeout", "soon"], ["--shutdown-timeout", "-5"], ["--shutdown-timeout", "inf"]],
+)  # fmt: skip
+def test_bad_reliability_option_is_one_line(args: list[str]) -> None:
+    res = subprocess.run([sys.executable, "-m", "minisgl", *args], capture_output=True, text=True, timeout=120,
+                         cwd=REPO)  # fmt: skip
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 2 and len(lines) == 1 and args[0] in lines[0], res.stderr
