@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from minisgl.bench.stress import HttpReply, StressConfig, format_round, http_call, run_stress, valid_body
+from minisgl.bench.rawhttp import HttpReply, http_call
+from minisgl.bench.stress import StressConfig, format_round, run_stress, valid_body
 from tests.e2e.service import REPO, Server, get_json, post_json, start_server, wait_idle
 
 psutil = pytest.importorskip("psutil")
