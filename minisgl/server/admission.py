@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +66,6 @@ class Ticket:
     """One admitted request: what was sent so far, and whether the guard ended it."""
 
     send: Send
-    started_at: float
     response_started: bool = False
     streaming: bool = False  # the response is an event stream
     response_done: bool = False
@@ -134,7 +132,7 @@ class AdmissionGuard:
 
     async def _run(self, scope: Scope, receive: Receive, send: Send) -> None:
         loop = asyncio.get_running_loop()
-        ticket = Ticket(send, time.monotonic())
+        ticket = Ticket(send)
         timeout = self.config.request_timeout
         if timeout is not None:
             ticket.timer = loop.call_later(timeout, self._on_deadline, ticket, timeout)

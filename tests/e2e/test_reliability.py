@@ -47,6 +47,11 @@ def long_body(stream: bool) -> dict[str, Any]:
             "max_tokens": LONG_TOKENS, "ignore_eos": True}  # fmt: skip
 
 
+def sse_status(port: int, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    reply = asyncio.run(asyncio.wait_for(http_call("127.0.0.1", port, "POST", path, json.dumps(body).encode()), 120))
+    return reply.status, reply.events or reply.body
+
+
 def wait_until(cond: Any, timeout: float, step: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -118,6 +123,26 @@ class TestBoundedServer:
         assert bounded_server.health()["status"] == "ok"
         wait_idle(bounded_server.port, timeout=30)
 
+
+    def test_every_ending_gives_pages_and_reply_state_back(self, bounded_server: Server) -> None:
+        """Stop string (ended by the detokenizer), stop token, EOS or length, a refusal after the
+        tokenizer, n > 1 where one choice is refused: all leave the server idle with every page
+        free or evictable and no reply state."""
+        port = bounded_server.port
+        count = {"model": "m", "prompt": "1, 2, 3, 4,", "temperature": 0}
+        cases = [
+            ("/v1/completions", {**count, "max_tokens": 20, "stop": [","]}),
+            ("/v1/completions", {**count, "max_tokens": 20, "stop": [","], "stream": True}),
+            ("/v1/completions", {**count, "max_tokens": 20, "stop_token_ids": [28]}),
+            ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "Say hi."}],
+                                      "max_tokens": 24, "temperature": 0}),
+            ("/v1/completions", {**count, "prompt": "x " * 5000, "max_tokens": 4}),  # refused by the tokenizer
+            ("/v1/completions", {**count, "prompt": ["1, 2,", "x " * 5000], "max_tokens": 4}),  # one of two
+        ]  # fmt: skip
+        for path, body in cases:
+            status, data = (sse_status(port, path, body) if body.get("stream") else post_json(port, path, body))
+            assert status in (200, 400), (path, body, status, data)
+        wait_idle(port, timeout=30)
 
     def test_overload_gets_503_at_once(self, bounded_server: Server) -> None:
         max_tokens, total, admitted = 4, 64, 8 + 8
