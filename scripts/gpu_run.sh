@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install the carried wheels, run the GPU tests, run the benchmarks,
 # print a table last. Usage (through the device tool, with carry [".whl"]):
-#   bash scripts/gpu_run.sh check|bench|all [extra bench args]
-# Results land in $OUT (if set) as gpu_tests.log and bench.jsonl.
+#   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated check,profile,bench,bench8b,moe,hf or all
+# Results land in $OUT (if set) as gpu_tests.log, profile_*.txt and bench.jsonl.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:-all}
+phases=",${1:-all},"
+[ "$phases" = ",all," ] && phases=",check,profile,bench,bench8b,moe,"
+has() { [[ "$phases" == *",$1,"* ]]; }
 OUT=${OUT:-/tmp/minisgl-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:/tmp/site" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -17,31 +19,36 @@ python3 -c "import torch, triton, transformers; print('torch', torch.__version__
 bench() {  # name, seconds, then bench args
     local name=$1 limit=$2; shift 2
     echo "== $name: python -m minisgl.bench offline $*"
-    timeout "$limit" python3 -m minisgl.bench offline --quiet "$@" 2>"$OUT/$name.err" \
+    timeout "$limit" python3 -m minisgl.bench offline --quiet "$@" 2>/tmp/bench.err \
         | sed "s/^{/{\"run\": \"$name\", /" | tee -a "$OUT/bench.jsonl"
-    grep -E "captured|engine ready|Error|error" "$OUT/$name.err" | tail -4
+    { echo "== $name"; cat /tmp/bench.err; } >>"$OUT/bench.err"  # at most 8 files come back: one log
+    grep -E "captured|engine ready|Error|error" /tmp/bench.err | tail -4
 }
 W="--model configs/qwen3-0.6b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0"
 
-if [ "$phase" = check ] || [ "$phase" = all ]; then
-    timeout "${CHECK_LIMIT:-600}" python3 -m pytest -q -x -m gpu ${CHECK_ARGS:-tests/kernels tests/golden/test_gpu_parity.py} \
+if has check; then
+    timeout "${CHECK_LIMIT:-600}" python3 -m pytest -q -x -m gpu ${CHECK_ARGS:-tests/kernels tests/golden} \
         -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
-    # The fused norm/rotary/SiLU kernels are opt-in until this passes on a GPU.
-    MINISGL_FUSED_KERNELS=1 timeout "${CHECK_LIMIT:-600}" python3 -m pytest -q -x -m gpu \
-        tests/kernels/test_fused_ops.py tests/golden/test_gpu_parity.py -p no:cacheprovider 2>&1 \
-        | tee "$OUT/gpu_tests_fused.log" | tail -15
 fi
-
-if [ "$phase" = bench ] || [ "$phase" = all ]; then
-    : > "$OUT/bench.jsonl"
+if has profile; then
+    for shape in "1 128" "256 512"; do
+        set -- $shape
+        echo "== profile bs=$1 prompt=$2"
+        timeout 150 python3 scripts/profile_gpu_decode.py $1 $2 >/tmp/profile.txt 2>/tmp/profile.err
+        cat /tmp/profile.txt /tmp/profile.err >>"$OUT/profile.txt"
+        head -3 /tmp/profile.txt; tail -3 /tmp/profile.err
+    done
+fi
+: > "$OUT/bench.jsonl"
+if has bench; then
     bench qwen3-0.6b 110 $W
-    MINISGL_FUSED_KERNELS=1 bench qwen3-0.6b-fused 110 $W
     bench bs1-decode 45 --model configs/qwen3-0.6b --dummy-weights --num-seqs 1 --min-input 128 --max-input 128 --min-output 1024 --max-output 1024
     MINISGL_DISABLE_OVERLAP=1 bench qwen3-0.6b-nooverlap 75 $W
     bench qwen3-0.6b-nograph 90 $W --cuda-graph-max-bs 0
-    bench qwen3-8b 130 --model configs/qwen3-8b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
-    [ -n "${WITH_HF:-}" ] && bench hf-peer-32seq 100 --model configs/qwen3-0.6b --dummy-weights --num-seqs 32 --seed 0 --peer hf
 fi
+has hf && bench hf-peer-32seq 100 --model configs/qwen3-0.6b --dummy-weights --num-seqs 32 --seed 0 --peer hf
+has bench8b && bench qwen3-8b 130 --model configs/qwen3-8b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
+has moe && bench qwen3-30b-a3b 200 --model configs/qwen3-30b-a3b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
 python3 - "$OUT/bench.jsonl" <<'PYEOF'
 import json, os, sys
 if not os.path.exists(sys.argv[1]):

@@ -25,6 +25,7 @@ from minisgl.engine.penalties import PenaltyTracker
 from minisgl.engine.sampler import LogitsControls, Sampler, SamplingBatch, TokenLogprobs, token_logprobs
 from minisgl.engine.transfer import upload
 from minisgl.env import ENV
+from minisgl.kernels.impl import resolve_impl
 from minisgl.kvcache.pool import KVPool
 from minisgl.models.config import ModelConfig
 from minisgl.platform import init_platform
@@ -201,7 +202,7 @@ class Engine:
         for module in self.model.modules():
             if hasattr(module, "backend") and hasattr(module, "layer_id"):
                 module.backend = self.attn_backend
-        self.sampler = Sampler()
+        self.sampler = Sampler(fused=resolve_impl("auto", self.device) == "triton", seed=config.seed)
         self.penalties = PenaltyTracker(self.model_config.vocab_size, self.device)
         # Reused host staging and events (allocating pinned memory or CUDA events per step costs
         # more than the step's own host work). Two of each: step N+1 is built while step N's

@@ -14,6 +14,7 @@ any control or temperature), as vLLM does by default.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -155,8 +156,30 @@ class SamplingBatch:
 
 
 class Sampler:
+    """Samples a batch of rows. With `fused` (CUDA, see `kernels.impl`), plain temperature
+    sampling (no top-k/top-p/min-p, per-request seed or logit control; greedy rows may mix in)
+    takes one Triton pass over the logits (`kernels/sampling.py`); the rest runs the torch path
+    below, which is also that kernel's reference."""
+
+    def __init__(self, fused: bool = False, seed: int = 0) -> None:
+        self.fused = fused
+        self._rng = random.Random(seed)  # per-call Philox seeds of the fused kernel
+
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """logits [R, V] (any float dtype) -> next token ids [R] int64. `logits` is not modified."""
+        if (
+            self.fused
+            and not batch.all_greedy
+            and batch.controls is None
+            and batch.top_k is None
+            and batch.top_p is None
+            and batch.min_p is None
+            and batch.seeded_rows is None
+        ):
+            from minisgl.kernels.sampling import gumbel_sample
+
+            temperature = batch.temperature.masked_fill(batch.greedy, 0.0) if batch.any_greedy else batch.temperature
+            return gumbel_sample(logits, temperature, self._rng.getrandbits(31))
         if batch.controls is not None:
             logits = batch.controls.apply(logits.float())
         if batch.all_greedy:

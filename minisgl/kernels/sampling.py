@@ -1,0 +1,86 @@
+"""Temperature sampling (and greedy rows) in one pass over the logits: the Gumbel-max trick.
+
+`argmax(logits / T + G)` with G ~ Gumbel(0, 1) i.i.d. per token draws from softmax(logits / T),
+so the usual chain (float copy, divide, softmax, exponential noise, divide, argmax: six passes
+over a [rows, vocab] fp32 tensor, ~1 ms per step at 256 rows of Qwen3's 152k vocab on an H200)
+becomes one read of the logits in their own dtype. Rows with T == 0 are greedy: plain argmax,
+first index on ties, as `torch.argmax`. Noise comes from Philox (`tl.rand`) keyed by a per-call
+seed and (row, token), so the kernel needs no RNG state and no host reads.
+
+Each row is cut into splits handled by separate programs (enough programs to fill the GPU at
+small batch); the splits' maxima are reduced on the device by `torch.argmax`, whose
+first-maximum rule keeps the lowest index since splits are ordered.
+
+Used for the common case only (no top-k/top-p/min-p, no per-request seed, no logit controls);
+everything else takes the general path in `engine/sampler.py`, which is also its reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_SPLIT = 8192  # vocab entries per program
+_BLOCK = 1024
+
+
+@triton.jit
+def _gumbel_argmax_kernel(
+    logits_ptr,
+    temp_ptr,
+    val_ptr,
+    idx_ptr,
+    stride_row,
+    vocab,
+    num_splits,
+    seed,
+    SPLIT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    temperature = tl.load(temp_ptr + row)
+    inv_t = 1.0 / tl.maximum(temperature, 1e-20)
+    best_val = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_idx = tl.zeros([BLOCK], tl.int32)
+    lanes = tl.arange(0, BLOCK)
+    base = logits_ptr + row.to(tl.int64) * stride_row
+    for start in range(split * SPLIT, tl.minimum(split * SPLIT + SPLIT, vocab), BLOCK):
+        offs = start + lanes
+        mask = offs < vocab
+        x = tl.load(base + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        if temperature > 0:
+            u = tl.rand(seed, row * vocab + offs)
+            # u in [0, 1): clamp away from 0 so -log(-log(u)) stays finite.
+            gumbel = -tl.log(-tl.log(tl.maximum(u, 1e-20)))
+            x = tl.where(mask, x * inv_t + gumbel, float("-inf"))
+        better = x > best_val  # strict: each lane keeps its first maximum
+        best_val = tl.where(better, x, best_val)
+        best_idx = tl.where(better, offs, best_idx)
+    top = tl.max(best_val, axis=0)
+    # Lowest index among the lanes holding the maximum (an all -inf split reports its first index).
+    first = tl.min(tl.where(best_val == top, best_idx, 2147483647), axis=0)
+    tl.store(val_ptr + row * num_splits + split, top)
+    tl.store(idx_ptr + row * num_splits + split, first)
+
+
+def gumbel_sample(logits: torch.Tensor, temperature: torch.Tensor, seed: int) -> torch.Tensor:
+    """logits [R, V] (any float dtype, unit stride along V), temperature [R] float32 (0: greedy)
+    -> sampled token ids [R] int64."""
+    rows, vocab = logits.shape
+    assert logits.stride(1) == 1 and temperature.shape == (rows,)
+    assert rows * vocab < 2**31, "Philox offsets are int32"
+    block = min(_BLOCK, triton.next_power_of_2(vocab))
+    split = max(block, _SPLIT // block * block)
+    num_splits = triton.cdiv(vocab, split)
+    values = torch.empty(rows, num_splits, dtype=torch.float32, device=logits.device)
+    indices = torch.empty(rows, num_splits, dtype=torch.int32, device=logits.device)
+    if rows == 0:
+        return torch.empty(0, dtype=torch.int64, device=logits.device)
+    _gumbel_argmax_kernel[(rows, num_splits)](
+        logits, temperature.float(), values, indices, logits.stride(0), vocab, num_splits, seed & 0x7FFFFFFF,
+        SPLIT=split, BLOCK=block, num_warps=4,
+    )  # fmt: skip
+    best = values.argmax(dim=1, keepdim=True)
+    return indices.gather(1, best).squeeze(1).long()
