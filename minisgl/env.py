@@ -39,9 +39,9 @@ class Env:
             log_level=os.environ.get("MINISGL_LOG_LEVEL", "INFO").upper(),
             num_threads=_int("MINISGL_NUM_THREADS", 0),
             triton_interpret=_bool("TRITON_INTERPRET", False),
-            # Fused Triton norm/rotary/SiLU kernels on CUDA. Off until they have run on a GPU
-            # (they pass the CPU interpreter tests; see BENCHMARKS.md for the GPU plan).
-            fused_kernels=_bool("MINISGL_FUSED_KERNELS", False),
+            # Fused Triton norm/rotary/SiLU/sampling kernels on CUDA (MINISGL_FUSED_KERNELS=0: the
+            # torch references instead, for ablation).
+            fused_kernels=_bool("MINISGL_FUSED_KERNELS", True),
         )
 
 

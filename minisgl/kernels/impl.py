@@ -21,9 +21,8 @@ def triton_installed() -> bool:
 
 
 def resolve_impl(impl: KernelImpl, device: torch.device) -> Literal["triton", "torch"]:
-    """`auto`: Triton on CUDA when triton is installed and MINISGL_FUSED_KERNELS=1, the reference
-    otherwise. The CPU default is
-    the reference because the Triton interpreter is for tests only, far too slow to serve; tests
+    """`auto`: Triton on CUDA when triton is installed (unless MINISGL_FUSED_KERNELS=0), the
+    reference otherwise. The CPU default is the reference because the Triton interpreter is for tests only, far too slow to serve; tests
     ask for `triton` explicitly to run the interpreted kernels through the layers."""
     if impl == "torch":
         return "torch"
