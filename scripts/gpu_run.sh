@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install the carried wheels, run the GPU tests, run the benchmarks,
 # print a table last. Usage (through the device tool, with carry [".whl"]):
-#   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated check,profile,bench,bench8b,moe,hf or all
+#   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,check,profile,bench,bench8b,moe,hf or all
 # Results land in $OUT (if set) as gpu_tests.log, profile_*.txt and bench.jsonl.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phases=",${1:-all},"
 [ "$phases" = ",all," ] && phases=",check,profile,bench,bench8b,moe,"
 has() { [[ "$phases" == *",$1,"* ]]; }
+has diag && timeout 60 python3 scripts/diag_rotary.py
 OUT=${OUT:-/tmp/minisgl-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:/tmp/site" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -27,21 +28,22 @@ bench() {  # name, seconds, then bench args
 W="--model configs/qwen3-0.6b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0"
 
 if has check; then
-    timeout "${CHECK_LIMIT:-600}" python3 -m pytest -q -x -m gpu ${CHECK_ARGS:-tests/kernels tests/golden} \
+    timeout "${CHECK_LIMIT:-600}" python3 -m pytest -q -m gpu ${CHECK_ARGS:-tests/kernels tests/golden} \
         -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 fi
 if has profile; then
-    for shape in "1 128" "256 512"; do
-        set -- $shape
-        echo "== profile bs=$1 prompt=$2"
-        timeout 150 python3 scripts/profile_gpu_decode.py $1 $2 >/tmp/profile.txt 2>/tmp/profile.err
+    for shape in ${PROFILE_SHAPES:-1:128 256:512}; do  # batch size:prompt length
+        bs=${shape%:*} len=${shape#*:}
+        echo "== profile bs=$bs prompt=$len"
+        timeout 150 python3 scripts/profile_gpu_decode.py $bs $len >/tmp/profile.txt 2>/tmp/profile.err
         cat /tmp/profile.txt /tmp/profile.err >>"$OUT/profile.txt"
-        head -3 /tmp/profile.txt; tail -3 /tmp/profile.err
+        head -2 /tmp/profile.txt; tail -3 /tmp/profile.err
     done
 fi
 : > "$OUT/bench.jsonl"
 if has bench; then
     bench qwen3-0.6b 110 $W
+    MINISGL_FUSED_KERNELS=0 bench qwen3-0.6b-unfused 110 $W
     bench bs1-decode 45 --model configs/qwen3-0.6b --dummy-weights --num-seqs 1 --min-input 128 --max-input 128 --min-output 1024 --max-output 1024
     MINISGL_DISABLE_OVERLAP=1 bench qwen3-0.6b-nooverlap 75 $W
     bench qwen3-0.6b-nograph 90 $W --cuda-graph-max-bs 0
