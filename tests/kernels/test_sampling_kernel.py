@@ -18,10 +18,14 @@ from minisgl.kernels.sampling import _gumbel_argmax_kernel, gumbel_sample  # noq
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
-pytestmark = pytest.mark.skipif(
-    not CUDA and type(_gumbel_argmax_kernel).__name__ != "InterpretedFunction",
-    reason="triton was imported in compiled mode before the interpreter could be selected",
-)
+pytestmark = [
+    # Every test here runs on both: interpreted on CPU (CI), compiled in the GPU check (-m gpu).
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not CUDA and type(_gumbel_argmax_kernel).__name__ != "InterpretedFunction",
+        reason="triton was imported in compiled mode before the interpreter could be selected",
+    ),
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
