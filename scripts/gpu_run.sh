@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install the carried wheels, run the GPU tests, run the benchmarks,
 # print a table last. Usage (through the device tool, with carry [".whl"]):
-#   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,check,profile,bench,bench8b,moe,hf or all
+#   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,host,check,profile,bench,bench8b,moe,hf or all
 # Results land in $OUT (if set) as gpu_tests.log, profile_*.txt and bench.jsonl.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phases=",${1:-all},"
 [ "$phases" = ",all," ] && phases=",check,profile,bench,bench8b,moe,"
 has() { [[ "$phases" == *",$1,"* ]]; }
-has diag && timeout 60 python3 scripts/diag_rotary.py
 OUT=${OUT:-/tmp/minisgl-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:/tmp/site" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -16,6 +15,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
     || { echo "wheel install failed"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+has diag && timeout 60 python3 scripts/diag_rotary.py
+if has host; then  # host time per step vs wall time per step
+    for shape in ${HOST_SHAPES:-256:512 1:128}; do
+        timeout 120 python3 scripts/profile_host_steps.py configs/qwen3-0.6b ${shape%:*} ${shape#*:} 2>&1 | grep -v INFO
+    done
+fi
 
 bench() {  # name, seconds, then bench args
     local name=$1 limit=$2; shift 2
@@ -28,7 +33,7 @@ bench() {  # name, seconds, then bench args
 W="--model configs/qwen3-0.6b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0"
 
 if has check; then
-    timeout "${CHECK_LIMIT:-600}" python3 -m pytest -q -m gpu ${CHECK_ARGS:-tests/kernels tests/golden} \
+    timeout "${CHECK_LIMIT:-600}" python3 -m pytest -q -rf --tb=short -m gpu ${CHECK_ARGS:-tests/kernels tests/golden} \
         -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 fi
 if has profile; then
