@@ -48,14 +48,14 @@ fi
 : > "$OUT/bench.jsonl"
 if has bench; then
     bench qwen3-0.6b 110 $W
-    MINISGL_FUSED_KERNELS=0 bench qwen3-0.6b-unfused 110 $W
     bench bs1-decode 45 --model configs/qwen3-0.6b --dummy-weights --num-seqs 1 --min-input 128 --max-input 128 --min-output 1024 --max-output 1024
+    MINISGL_FUSED_KERNELS=0 bench qwen3-0.6b-unfused 110 $W
     MINISGL_DISABLE_OVERLAP=1 bench qwen3-0.6b-nooverlap 75 $W
     bench qwen3-0.6b-nograph 90 $W --cuda-graph-max-bs 0
 fi
-has hf && bench hf-peer-32seq 100 --model configs/qwen3-0.6b --dummy-weights --num-seqs 32 --seed 0 --peer hf
 has bench8b && bench qwen3-8b 130 --model configs/qwen3-8b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
 has moe && bench qwen3-30b-a3b 200 --model configs/qwen3-30b-a3b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
+has hf && bench hf-peer-32seq 100 --model configs/qwen3-0.6b --dummy-weights --num-seqs 32 --seed 0 --peer hf
 python3 - "$OUT/bench.jsonl" <<'PYEOF'
 import json, os, sys
 if not os.path.exists(sys.argv[1]):
