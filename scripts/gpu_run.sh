@@ -55,7 +55,7 @@ if has bench; then
 fi
 has bench8b && bench qwen3-8b 130 --model configs/qwen3-8b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
 has moe && bench qwen3-30b-a3b 200 --model configs/qwen3-30b-a3b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
-has hf && bench hf-peer-32seq 100 --model configs/qwen3-0.6b --dummy-weights --num-seqs 32 --seed 0 --peer hf
+has hf && bench hf-peer-32seq 200 --model configs/qwen3-0.6b --dummy-weights --num-seqs 32 --seed 0 --peer hf
 python3 - "$OUT/bench.jsonl" <<'PYEOF'
 import json, os, sys
 if not os.path.exists(sys.argv[1]):
