@@ -1,10 +1,16 @@
-"""Tensor-parallel group of this process: set once at start-up, like the platform."""
+"""Tensor-parallel group of this process: set once at start-up, like the platform.
+
+Importing this package does not import torch (the launcher checks layouts with `layout.py` and
+hosts the rendezvous store without paying for it); the collectives import it when called.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,7 @@ def all_gather_last_dim(x: torch.Tensor) -> torch.Tensor:
     """Concatenate each rank's shard along the last dimension (rank order)."""
     if _TP.size == 1:
         return x
+    import torch
     import torch.distributed as dist
 
     parts = [torch.empty_like(x) for _ in range(_TP.size)]

@@ -78,8 +78,9 @@ class ErrorMsg:
 @wire(tag=63)
 @dataclass(slots=True)
 class StatsMsg:
-    """Answer to `StatsReqMsg(query_id)`: page and queue counts of scheduler rank 0, and the
-    prompt tokens of every admitted request so far with how many of them the prefix cache held."""
+    """Answer to `StatsReqMsg(query_id)`: page and queue counts of one replica's scheduler rank 0,
+    the prompt tokens of every admitted request so far with how many of them the prefix cache
+    held, and the requests the replica has received (`--dp` routing)."""
 
     query_id: int
     total_pages: int
@@ -90,6 +91,7 @@ class StatsMsg:
     waiting: int
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    requests: int = 0
 
 
 @wire(tag=66)

@@ -93,6 +93,15 @@ class DetokenizeQueryMsg:
     token_ids: list[int]
 
 
+@wire(tag=49)
+@dataclass(slots=True)
+class FinishedMsg:
+    """Requests a `--dp` replica no longer holds (finished, aborted or refused), sent by its rank 0
+    after each step that ended some, so the tokenizer's router forgets their outstanding tokens."""
+
+    rids: list[int]
+
+
 # --- to the detokenizer ---------------------------------------------------------------------
 
 

@@ -1,27 +1,34 @@
 """The scheduler process: receive requests and aborts, run steps, send new tokens onward.
 
-Rank 0 receives from the tokenizer (requests, aborts), the detokenizer (stop-string aborts) and
-the API server (stats queries). With tensor parallelism it relays the raw bytes it received to
-every other rank once per loop iteration, even when empty, so all ranks apply the same messages
-between the same steps and schedule identically. Only rank 0 sends results.
+Rank 0 of each replica receives from the tokenizer (requests, aborts, routed there by the
+tokenizer, which also forwards the detokenizer's stop-string aborts) and from the API server
+(stats queries). With tensor parallelism it relays the raw bytes it received to every other rank
+once per loop iteration, even when empty, so all ranks apply the same messages between the same
+steps and schedule identically. The relay is ZMQ PUSH -> PULL: each other rank binds where it
+can be reached (ipc on node 0, `tcp://IP:*` on other nodes) and publishes the bound address in
+its TP group's rendezvous store, where rank 0 reads it. Only rank 0 sends results; with `--dp` it
+also tells the tokenizer's router which requests ended.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from minisgl.distributed.group import Rendezvous
 from minisgl.engine.config import EngineConfig
 from minisgl.message.codec import decode
 from minisgl.message.frontend import ErrorMsg, StatsMsg
 from minisgl.message.scheduler import AbortMsg, ShutdownMsg, StatsReqMsg, TokenizedMsg
-from minisgl.message.tokenizer import TokenOut, TokenOutMsg
+from minisgl.message.tokenizer import FinishedMsg, TokenOut, TokenOutMsg
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.utils.logging import get_logger
 from minisgl.utils.process import ReadyReporter
 from minisgl.utils.zmq import ZmqPullQueue, ZmqPushQueue
 
 if TYPE_CHECKING:
+    import torch.distributed as dist
+
     from minisgl.scheduler.scheduler import Scheduler
 
 logger = get_logger(__name__)
@@ -29,12 +36,17 @@ logger = get_logger(__name__)
 _RELAY_HEADER = b"minisgl-step"
 
 
+def relay_key(rank: int) -> str:
+    """Store key under which `rank` publishes the address it receives relayed bytes on."""
+    return f"relay/{rank}"
+
+
 @dataclass(frozen=True)
 class SchedulerAddrs:
-    recv: str  # where this rank receives: requests (rank 0) or relayed bytes (other ranks)
+    recv: str  # rank 0: requests from the tokenizer; other ranks: where relayed bytes arrive
     detokenizer: str  # rank 0 sends TokenOutMsg / ErrorMsg here
     frontend: str  # rank 0 answers stats queries here
-    relay: tuple[str, ...] = field(default_factory=tuple)  # rank 0: the other ranks' `recv`
+    router: str | None = None  # rank 0 with --dp: the tokenizer, told which requests ended
 
 
 class SchedulerLoop:
@@ -45,9 +57,11 @@ class SchedulerLoop:
         self.rank = rank
         self.recv: ZmqPullQueue[object] = ZmqPullQueue(addrs.recv)
         self.primary = rank == 0
-        self.relay = [ZmqPushQueue[object](addr) for addr in addrs.relay] if self.primary else []
+        self.relay: list[ZmqPushQueue[object]] = []
         self.to_detok: ZmqPushQueue[object] | None = ZmqPushQueue(addrs.detokenizer) if self.primary else None
         self.to_frontend: ZmqPushQueue[object] | None = ZmqPushQueue(addrs.frontend) if self.primary else None
+        router = addrs.router if self.primary else None
+        self.to_router: ZmqPushQueue[object] | None = ZmqPushQueue(router) if router is not None else None
         self.running = True
         # Tokens the KV pool can hold at all: the ceiling of a request with no max_tokens.
         self.pool_tokens = scheduler.stats().total_pages * scheduler.page_size
@@ -55,6 +69,12 @@ class SchedulerLoop:
         # among them (the /metrics hit rate).
         self.prompt_tokens = 0
         self.cached_tokens = 0
+        self.requests = 0  # requests received (the per-replica counter of --dp)
+
+    def connect_relay(self, addrs: list[str]) -> None:
+        """Rank 0: send every received message on to these ranks (the other ranks' `recv`)."""
+        assert self.primary and not self.relay
+        self.relay = [ZmqPushQueue[object](addr) for addr in addrs]
 
     def run(self) -> None:
         while self.running:
@@ -62,8 +82,9 @@ class SchedulerLoop:
 
     def run_once(self) -> None:
         outs: list[TokenOut] = []
+        refused: list[int] = []
         for msg in self._receive():
-            self._handle(msg, outs)
+            self._handle(msg, outs, refused)
         if self.scheduler.has_work():
             for out in self.scheduler.step():
                 if out.output_tokens == 1 and out.token_ids:
@@ -76,6 +97,10 @@ class SchedulerLoop:
                 )
         if outs and self.to_detok is not None:
             self.to_detok.put(TokenOutMsg(outs))
+        if self.to_router is not None:
+            ended = refused + [out.rid for out in outs if out.finish_reason is not None]
+            if ended:
+                self.to_router.put(FinishedMsg(ended))
 
     def _receive(self) -> list[object]:
         if not self.primary:
@@ -88,8 +113,9 @@ class SchedulerLoop:
             queue.put_raw([_RELAY_HEADER, *raws])
         return [decode(raw) for raw in raws]
 
-    def _handle(self, msg: object, outs: list[TokenOut]) -> None:
+    def _handle(self, msg: object, outs: list[TokenOut], refused: list[int]) -> None:
         if isinstance(msg, TokenizedMsg):
+            self.requests += 1
             sampling = msg.sampling
             if not msg.max_tokens_explicit:
                 room = max(self.pool_tokens - len(msg.input_ids), sampling.min_tokens)
@@ -98,6 +124,7 @@ class SchedulerLoop:
             try:
                 self.scheduler.add_request(msg.rid, msg.input_ids, sampling)
             except ValueError as exc:
+                refused.append(msg.rid)
                 if self.to_detok is not None:
                     self.to_detok.put(ErrorMsg(msg.rid, str(exc), 400))
         elif isinstance(msg, AbortMsg):
@@ -111,7 +138,7 @@ class SchedulerLoop:
                 s = self.scheduler.stats()
                 self.to_frontend.put(
                     StatsMsg(msg.query_id, s.total_pages, s.free_pages, s.cached_pages, s.evictable_pages,
-                             s.running, s.waiting, self.prompt_tokens, self.cached_tokens)
+                             s.running, s.waiting, self.prompt_tokens, self.cached_tokens, self.requests)
                 )
         elif isinstance(msg, ShutdownMsg):
             self.running = False
@@ -122,31 +149,29 @@ class SchedulerLoop:
         self.recv.close()
         for queue in self.relay:
             queue.close()
-        for q in (self.to_detok, self.to_frontend):
+        for q in (self.to_detok, self.to_frontend, self.to_router):
             if q is not None:
                 q.close()
 
 
-def _init_tensor_parallel(engine_config: EngineConfig, dist_port: int | None) -> EngineConfig:
-    """Join the TP process group (rank r on cuda:r when on GPU); returns the per-rank config."""
-    if engine_config.tp_size == 1:
-        return engine_config
-    import torch
-    import torch.distributed as dist
-
+def _join_group(engine_config: EngineConfig, rdzv: Rendezvous | None, device_index: int) -> tuple[EngineConfig, dist.Store | None]:
+    """Pick this process's device (the `device_index`-th GPU of its node when on CUDA) and join
+    its TP group; returns the per-process config and the group's store (None without TP)."""
+    from minisgl.distributed.group import init_tp_group
     from minisgl.platform import init_platform
 
-    rank, size = engine_config.tp_rank, engine_config.tp_size
+    platform = init_platform(engine_config.device)
     device = engine_config.device
-    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
-        device = f"cuda:{rank}"
-    platform = init_platform(device)
-    if dist_port is None:
-        raise ValueError("tensor parallelism needs a rendezvous port")
-    dist.init_process_group(
-        backend=platform.dist_backend, init_method=f"tcp://127.0.0.1:{dist_port}", rank=rank, world_size=size
-    )
-    return replace(engine_config, device=device)
+    if platform.name == "cuda" and not device.startswith("cuda:"):
+        device = f"cuda:{device_index}"
+        platform = init_platform(device)
+    engine_config = replace(engine_config, device=device)
+    if engine_config.tp_size == 1:
+        return engine_config, None
+    if rdzv is None:
+        raise ValueError("tensor parallelism needs a rendezvous store")
+    store = init_tp_group(rdzv, engine_config.tp_rank, engine_config.tp_size, platform.dist_backend)
+    return engine_config, store
 
 
 def run_scheduler(
@@ -154,20 +179,26 @@ def run_scheduler(
     sched_config: SchedulerConfig,
     addrs: SchedulerAddrs,
     ready: ReadyReporter,
-    dist_port: int | None = None,
+    rdzv: Rendezvous | None = None,
+    device_index: int = 0,
 ) -> None:
-    """Process entry point of one TP rank: build the scheduler (loads the model), report ready,
-    then serve until told to stop."""
+    """Process entry point of one TP rank: join the group, build the scheduler (loads the model),
+    wire the relay, report ready, then serve until told to stop."""
     import torch
 
     from minisgl.scheduler.scheduler import Scheduler
 
-    engine_config = _init_tensor_parallel(engine_config, dist_port)
+    engine_config, store = _join_group(engine_config, rdzv, device_index)
+    rank, size = engine_config.tp_rank, engine_config.tp_size
     with torch.inference_mode():
         scheduler = Scheduler(engine_config, sched_config)
-        loop = SchedulerLoop(scheduler, addrs, engine_config.tp_rank)
-        ready.ready(context_len=scheduler.context_len, total_pages=scheduler.stats().total_pages)
+        loop = SchedulerLoop(scheduler, addrs, rank)
         try:
+            if store is not None and rank > 0:
+                store.set(relay_key(rank), loop.recv.endpoint)
+            elif store is not None:  # waits (up to the start-up timeout) for every rank to bind
+                loop.connect_relay([store.get(relay_key(r)).decode() for r in range(1, size)])
+            ready.ready(context_len=scheduler.context_len, total_pages=scheduler.stats().total_pages)
             loop.run()
         finally:
             loop.close()

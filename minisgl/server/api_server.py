@@ -140,13 +140,17 @@ def create_app(state: AppState) -> FastAPI:
     @app.get("/v1/internal/stats")
     async def stats() -> Response:
         try:
-            s = await state.fm.stats()
+            stats = await state.fm.stats()
         except asyncio.TimeoutError:
             return error_response(503, "the scheduler did not answer the stats query in time")
+        s = stats.total  # summed over --dp replicas; each one under "replicas"
         return JSONResponse({
             "total_pages": s.total_pages, "free_pages": s.free_pages, "cached_pages": s.cached_pages,
             "evictable_pages": s.evictable_pages, "running": s.running, "waiting": s.waiting,
             "live_requests": state.fm.live_requests,
+            "replicas": [{"replica": i, "requests": r.requests, "running": r.running, "waiting": r.waiting,
+                          "total_pages": r.total_pages, "free_pages": r.free_pages}
+                         for i, r in enumerate(stats.replicas)],
         })  # fmt: skip
 
     add_utility_routes(app, state)

@@ -18,9 +18,37 @@ PROG = "python -m minisgl"
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """How one launch spreads over processes and machines; the TP size is `EngineConfig.tp_size`.
+
+    `dp_size` replicas each run `tp_size` scheduler ranks; with `nnodes` > 1 each node runs
+    tp_size / nnodes ranks of every replica, node 0 also the API server, tokenizer and
+    detokenizer. `dist_init_addr` is node 0's rendezvous store (host, port)."""
+
+    dp_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: tuple[str, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.dp_size < 1 or self.nnodes < 1:
+            raise ValueError("--dp and --nnodes must be >= 1")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank must be in [0, {self.nnodes - 1}] with --nnodes {self.nnodes}")
+        if self.nnodes > 1 and self.dist_init_addr is None:
+            raise ValueError("--nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's address, the same on every node)")
+
+    @property
+    def is_head(self) -> bool:
+        """Node 0: the API server, tokenizer and detokenizer run here."""
+        return self.node_rank == 0
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     sched: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     host: str = "127.0.0.1"
     port: int = 30000
     shell: bool = False
@@ -75,6 +103,14 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # [IPv6]:port
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port 1-65535, got {text!r}")
+    return host, int(port)
+
+
 def _device(text: str) -> str:
     if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
         return text
@@ -100,6 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
     d = p.add_argument_group("device and parallelism")
     d.add_argument("--device", type=_device, default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     d.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size: one scheduler per rank")
+    d.add_argument("--dp", type=_positive_int, default=1, help="data-parallel replicas (each with --tp ranks) "
+                   "behind one API server; a request goes to the replica with the fewest outstanding tokens")  # fmt: skip
+    d.add_argument("--nnodes", type=_positive_int, default=1, help="machines one launch spans (run the same "
+                   "command on each, with its --node-rank; --tp must be a multiple of it)")  # fmt: skip
+    d.add_argument("--node-rank", type=_non_negative_int, default=0,
+                   help="this machine's index: 0 serves HTTP, the others run only scheduler ranks")  # fmt: skip
+    d.add_argument("--dist-init-addr", type=_host_port, default=None, metavar="HOST:PORT",
+                   help="node 0's address and a free port on it, where the nodes meet (torch.distributed "
+                   "store); default with one node: a free port on 127.0.0.1")  # fmt: skip
     d.add_argument("--attn", default=None, help="attention backend (default: triton on CUDA, torch on CPU)")
     d.add_argument("--cuda-graph-max-bs", type=int, default=256, help="largest batch captured in a CUDA graph; 0 off")
     k = p.add_argument_group("KV cache and scheduling")
@@ -169,12 +214,19 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
             max_prefill_tokens=args.max_prefill_tokens,
             cache=args.cache,
         )
+        parallel = ParallelConfig(dp_size=args.dp, nnodes=args.nnodes, node_rank=args.node_rank,
+                                  dist_init_addr=args.dist_init_addr)  # fmt: skip
     except ValueError as exc:
         fail(str(exc))
+    if args.tp % args.nnodes:
+        fail(f"--tp {args.tp} is not a multiple of --nnodes {args.nnodes}: every node runs --tp / --nnodes "
+             "ranks of each replica")  # fmt: skip
+    if args.shell and not parallel.is_head:
+        fail("--shell runs on node 0 only (--node-rank 0)")
     if args.api_key is not None and not args.api_key.strip():
         fail("--api-key must not be empty")
     return ServerConfig(
-        engine=engine, sched=sched, host=args.host, port=args.port, shell=args.shell,
+        engine=engine, sched=sched, parallel=parallel, host=args.host, port=args.port, shell=args.shell,
         served_model_name=args.served_model_name, startup_timeout=args.startup_timeout,
         api_key=args.api_key or ENV.api_key, cors_origins=tuple(args.cors_origins),
         max_queued_requests=args.max_queued_requests, request_timeout=args.request_timeout,

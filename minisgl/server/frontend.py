@@ -4,7 +4,8 @@ Every reply of every request arrives on one ZMQ queue. A single listener task pu
 the inbox of the client request that owns its `rid` and wakes that inbox's event; each handler
 waits only on its own inbox and swaps its list out, so nothing is lost or delivered twice, even
 when replies arrive while the handler is busy. A client request may own several rids (`n > 1`,
-a batch of prompts).
+a batch of prompts). With `--dp`, replies of every replica arrive on the same queue (the rids
+are the API server's, unique across replicas); stats queries go to each replica's rank 0.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from minisgl.message.codec import encode
@@ -64,7 +65,25 @@ def _encodable(msgs: Sequence[object]) -> bool:
 class FrontendAddrs:
     recv: str  # where the detokenizer, the tokenizer and scheduler rank 0 send replies
     tokenizer: str
-    scheduler: str  # stats queries go straight to rank 0
+    scheduler: str  # stats queries go straight to rank 0 (of replica 0)
+    other_replicas: tuple[str, ...] = ()  # rank 0 of replicas 1, 2, ... (--dp)
+
+    @property
+    def schedulers(self) -> tuple[str, ...]:
+        return (self.scheduler, *self.other_replicas)
+
+
+@dataclass(frozen=True)
+class ServiceStats:
+    """Every replica's `StatsMsg`, in replica order."""
+
+    replicas: list[StatsMsg]
+
+    @property
+    def total(self) -> StatsMsg:
+        """The counts summed over replicas (query_id of the first)."""
+        sums = {f.name: sum(getattr(r, f.name) for r in self.replicas) for f in fields(StatsMsg)}
+        return StatsMsg(**{**sums, "query_id": self.replicas[0].query_id})
 
 
 @dataclass(eq=False)
@@ -103,7 +122,7 @@ class FrontendManager:
     def __init__(self, addrs: FrontendAddrs, observer: ReplyObserver | None = None) -> None:
         self.recv: ZmqAsyncPullQueue[object] = ZmqAsyncPullQueue(addrs.recv)
         self.to_tokenizer: ZmqAsyncPushQueue[object] = ZmqAsyncPushQueue(addrs.tokenizer)
-        self.to_scheduler: ZmqAsyncPushQueue[object] = ZmqAsyncPushQueue(addrs.scheduler)
+        self.to_schedulers = [ZmqAsyncPushQueue[object](addr) for addr in addrs.schedulers]
         self._rids = itertools.count()
         self._query_ids = itertools.count()
         self._inboxes: dict[int, Inbox] = {}
@@ -138,7 +157,7 @@ class FrontendManager:
                 await self._listener
             except asyncio.CancelledError:
                 pass
-        for queue in (self.recv, self.to_tokenizer, self.to_scheduler):
+        for queue in (self.recv, self.to_tokenizer, *self.to_schedulers):
             queue.close()
 
     @property
@@ -204,8 +223,9 @@ class FrontendManager:
             self.to_tokenizer.put_nowait(AbortMsg(rid))
 
     # ------------------------------------------------------------------ queries
-    async def query(self, make: Callable[[int], object], to_tokenizer: bool, timeout: float = 5.0) -> QueryReply:
-        """Send `make(query_id)` to the tokenizer (or scheduler rank 0) and await its answer."""
+    async def query(self, make: Callable[[int], object], to_tokenizer: bool, timeout: float = 5.0,
+                    replica: int = 0) -> QueryReply:  # fmt: skip
+        """Send `make(query_id)` to the tokenizer (or rank 0 of `replica`) and await its answer."""
         query = next(self._query_ids)
         msg = make(query)
         if not _encodable([msg]):
@@ -213,15 +233,19 @@ class FrontendManager:
         future: asyncio.Future[QueryReply] = asyncio.get_running_loop().create_future()
         self._queries[query] = future
         try:
-            await (self.to_tokenizer if to_tokenizer else self.to_scheduler).put(msg)
+            await (self.to_tokenizer if to_tokenizer else self.to_schedulers[replica]).put(msg)
             return await asyncio.wait_for(future, timeout)
         finally:
             self._queries.pop(query, None)
 
-    async def stats(self, timeout: float = 5.0) -> StatsMsg:
-        reply = await self.query(StatsReqMsg, to_tokenizer=False, timeout=timeout)
-        assert isinstance(reply, StatsMsg)
-        return reply
+    async def stats(self, timeout: float = 5.0) -> ServiceStats:
+        """Every replica's stats; TimeoutError when one does not answer within `timeout`."""
+        replies = await asyncio.gather(*(
+            self.query(StatsReqMsg, to_tokenizer=False, timeout=timeout, replica=i)
+            for i in range(len(self.to_schedulers))
+        ))  # fmt: skip
+        assert all(isinstance(r, StatsMsg) for r in replies)
+        return ServiceStats([r for r in replies if isinstance(r, StatsMsg)])
 
     # ------------------------------------------------------------------ listener
     async def _listen(self) -> None:

@@ -1,174 +1,36 @@
 """The launcher: start every process, wait until all are ready, serve, and tear everything down.
 
-Processes (all spawned, so none inherits the launcher's threads, sockets or a device context):
-one scheduler per TP rank, a tokenizer and a detokenizer. The launcher itself runs the API
-server (or the shell). A watchdog thread waits on every child; if one dies the whole service
-goes down with its name in the log. Ctrl-C / SIGTERM tear all children down; children also exit
-by themselves when the launcher disappears.
+Node 0 (the only node without `--nnodes`) runs the API server (or the shell) in the launcher
+itself, with the children of `processes.py`: scheduler ranks, a tokenizer and a detokenizer. With
+`--tp` > 1 it also hosts the launch's rendezvous store (`cluster.py`). Other nodes run only their
+scheduler ranks and follow node 0 through the store: they stop when it stops. Ctrl-C / SIGTERM
+tear all children down; children also exit by themselves when their launcher disappears.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
 import signal
 import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
-from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from minisgl.scheduler.process import SchedulerAddrs, run_scheduler
 from minisgl.server.args import ServerConfig, fail, parse_args
-from minisgl.server.frontend import FrontendAddrs
-from minisgl.tokenizer.detokenizer import DetokenizerAddrs, run_detokenizer
-from minisgl.tokenizer.worker import TokenizerAddrs, run_tokenizer
+from minisgl.server.processes import ServiceProcesses, StartupError
 from minisgl.utils.logging import get_logger
-from minisgl.utils.process import child_main
-from minisgl.utils.zmq import IpcDir
+
+if TYPE_CHECKING:
+    from minisgl.models.config import ModelConfig
+    from minisgl.server.cluster import Cluster
+
+__all__ = ["ServiceProcesses", "StartupError", "main"]
 
 logger = get_logger(__name__)
-
-
-class StartupError(RuntimeError):
-    pass
-
-
-@dataclass
-class Child:
-    name: str
-    process: BaseProcess
-    conn: Connection  # the launcher's end of the start-up pipe
-    info: dict[str, Any] | None = None
-
-
-class ServiceProcesses:
-    """Owns the children of one launch: start, wait for ready, watch, tear down."""
-
-    def __init__(self, config: ServerConfig, model_dir: str, context_len: int) -> None:
-        self.config = config
-        self.ipc = IpcDir()
-        tp = config.engine.tp_size
-        rank_addrs = [self.ipc.addr("scheduler")] + [self.ipc.addr(f"scheduler-{r}") for r in range(1, tp)]
-        a = {name: self.ipc.addr(name) for name in ("tokenizer", "detokenizer", "frontend")}
-        self.frontend_addrs = FrontendAddrs(recv=a["frontend"], tokenizer=a["tokenizer"], scheduler=rank_addrs[0])
-        self._specs: list[tuple[str, Callable[..., None], dict[str, Any]]] = []
-        engine = replace(config.engine, model=model_dir)
-        dist_port = _free_port() if tp > 1 else None
-        for rank in range(tp):
-            addrs = SchedulerAddrs(recv=rank_addrs[rank], detokenizer=a["detokenizer"], frontend=a["frontend"],
-                                   relay=tuple(rank_addrs[1:]) if rank == 0 else ())  # fmt: skip
-            kwargs = dict(engine_config=replace(engine, tp_rank=rank), sched_config=config.sched, addrs=addrs,
-                          dist_port=dist_port)  # fmt: skip
-            self._specs.append((f"scheduler-{rank}", run_scheduler, kwargs))
-        tok = TokenizerAddrs(recv=a["tokenizer"], scheduler=rank_addrs[0], detokenizer=a["detokenizer"],
-                             frontend=a["frontend"])  # fmt: skip
-        self._specs.append(("tokenizer", run_tokenizer, dict(model_dir=model_dir, context_len=context_len, addrs=tok)))
-        detok = DetokenizerAddrs(recv=a["detokenizer"], scheduler=rank_addrs[0], frontend=a["frontend"])
-        self._specs.append(("detokenizer", run_detokenizer, dict(model_dir=model_dir, addrs=detok)))
-        self.children: list[Child] = []
-        # The shell keeps the terminal for the conversation: workers only log warnings there.
-        self.log_level: str | None = "WARNING" if config.shell else None
-        self._stopping = threading.Event()
-        self._lock = threading.Lock()
-
-    # ------------------------------------------------------------------ start-up
-    def start(self) -> None:
-        ctx = mp.get_context("spawn")
-        for name, target, kwargs in self._specs:
-            parent_end, child_end = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=child_main, args=(name, child_end, target, kwargs, self.log_level),
-                               name=f"minisgl-{name}")  # fmt: skip
-            proc.start()
-            child_end.close()
-            self.children.append(Child(name, proc, parent_end))
-            logger.info("started %s (pid %d)", name, proc.pid)
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        pending = {c.name: c for c in self.children}
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise StartupError(f"timed out after {timeout:.0f} s waiting for {', '.join(pending)} to start "
-                                   "(raise --startup-timeout if the model is slow to load)")  # fmt: skip
-            handles: list[Any] = [c.conn for c in pending.values()] + [c.process.sentinel for c in pending.values()]
-            ready = wait(handles, timeout=min(left, 1.0))
-            for child in list(pending.values()):
-                if child.conn in ready or child.process.sentinel in ready:
-                    report = self._read_report(child)
-                    if report is None:
-                        child.process.join(1.0)
-                        raise StartupError(f"{child.name} exited with code {child.process.exitcode} during start-up")
-                    kind, payload = report
-                    if kind == "error":
-                        raise StartupError(f"{child.name} failed to start: {payload}")
-                    child.info = payload
-                    del pending[child.name]
-                    logger.info("%s is ready", child.name)
-
-    @staticmethod
-    def _read_report(child: Child) -> tuple[str, Any] | None:
-        try:
-            if child.conn.poll(0.2):
-                kind, payload = child.conn.recv()
-                return kind, payload
-        except (EOFError, OSError):
-            pass
-        return None
-
-    def info(self, name: str) -> dict[str, Any]:
-        return next(c.info or {} for c in self.children if c.name == name)
-
-    # ------------------------------------------------------------------ running
-    def health(self) -> tuple[bool, dict[str, Any]]:
-        children = {c.name: {"pid": c.process.pid, "alive": c.process.is_alive()} for c in self.children}
-        return all(v["alive"] for v in children.values()), {"pid": os.getpid(), "children": children}
-
-    def start_watchdog(self, on_death: Callable[[str], None]) -> None:
-        def watch() -> None:
-            sentinels = {c.process.sentinel: c for c in self.children}
-            ready = wait(list(sentinels))
-            if self._stopping.is_set():
-                return
-            dead = sentinels[ready[0]]  # type: ignore[index]
-            dead.process.join(0.5)
-            logger.error("child process %s (pid %s) died unexpectedly with exit code %s; shutting the service down",
-                         dead.name, dead.process.pid, dead.process.exitcode)  # fmt: skip
-            on_death(dead.name)
-
-        threading.Thread(target=watch, name="watchdog", daemon=True).start()
-
-    # ------------------------------------------------------------------ shutdown
-    def shutdown(self, grace: float = 3.0) -> None:
-        with self._lock:
-            if self._stopping.is_set():
-                return
-            self._stopping.set()
-            for c in self.children:
-                if c.process.is_alive():
-                    c.process.terminate()
-            deadline = time.monotonic() + grace
-            for c in self.children:
-                c.process.join(max(0.0, deadline - time.monotonic()))
-            for c in self.children:
-                if c.process.is_alive():
-                    logger.warning("%s did not stop in %.0f s: killing it", c.name, grace)
-                    c.process.kill()
-                    c.process.join(2.0)
-                c.conn.close()
-            self.ipc.cleanup()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -191,27 +53,24 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
-    from minisgl.models.source import ModelSourceError, resolve_model_dir
-
-    try:
-        model_dir = str(resolve_model_dir(config.engine.model))
-        from minisgl.models.config import ModelConfig
-
-        context_len = ModelConfig.from_dir(model_dir).serving_context_len(config.engine.max_model_len)
-    except (ModelSourceError, ValueError, OSError, KeyError) as exc:
-        fail(f"cannot load model {config.engine.model or '(default)'}: {exc}")
+    model_dir, model_config = _load_model_config(config)
+    context_len = model_config.serving_context_len(config.engine.max_model_len)
+    if not config.parallel.is_head:
+        sys.exit(_run_node(config, model_dir, model_config))
     served = config.served_model_name or _default_name(config.engine.model, model_dir)
     if config.shell:  # the terminal is for the conversation
         logging.getLogger("minisgl").setLevel(logging.WARNING)
         print(f"loading {served}...", flush=True)
     sock = None if config.shell else _bind(config.host, config.port)
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    procs = ServiceProcesses(config, model_dir, context_len)
+    cluster = _join_cluster(config, model_config)
+    procs = ServiceProcesses(config, model_dir, context_len, cluster)
+    poll = cluster.failure if cluster is not None and config.parallel.nnodes > 1 else None
     code = 0
     try:
         procs.start()
-        procs.wait_ready(config.startup_timeout)
-        reported = procs.info("scheduler-0").get("context_len", context_len)
+        procs.wait_ready(config.startup_timeout, poll)
+        reported = min(procs.info(name).get("context_len", context_len) for name in procs.replica_of)
         if reported != context_len:
             logger.warning("the engine uses a context of %d tokens, the tokenizer checks %d", reported, context_len)
         context_len = min(context_len, reported)
@@ -221,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
             code = run_shell(procs, served)
         else:
             assert sock is not None
-            code = _serve(config, procs, sock, served, context_len)
+            code = _serve(config, procs, sock, served, context_len, poll)
     except StartupError as exc:
         logger.error("%s", exc)
         print(f"minisgl: error: {exc}", file=sys.stderr, flush=True)
@@ -232,10 +91,94 @@ def main(argv: list[str] | None = None) -> None:
         # A second Ctrl-C / SIGTERM must not interrupt the teardown itself.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if cluster is not None:
+            cluster.stop()  # the other nodes stop their ranks too
         procs.shutdown()
         if sock is not None:
             sock.close()
     sys.exit(code)
+
+
+def _load_model_config(config: ServerConfig) -> tuple[str, ModelConfig]:
+    """The model's directory and facts; a model that TP cannot split fails here, before any
+    process starts."""
+    from minisgl.distributed.layout import ShardedDims, check_tp_size
+    from minisgl.models.config import ModelConfig
+    from minisgl.models.source import ModelSourceError, resolve_model_dir
+
+    try:
+        model_dir = str(resolve_model_dir(config.engine.model))
+        model_config = ModelConfig.from_dir(model_dir)
+    except (ModelSourceError, ValueError, OSError, KeyError) as exc:
+        fail(f"cannot load model {config.engine.model or '(default)'}: {exc}")
+    mc = model_config
+    try:
+        check_tp_size(ShardedDims(mc.num_heads, mc.num_kv_heads, mc.intermediate_size, mc.moe_intermediate_size),
+                      config.engine.tp_size)  # fmt: skip
+    except ValueError as exc:
+        fail(str(exc))
+    return model_dir, model_config
+
+
+def _join_cluster(config: ServerConfig, model_config: ModelConfig) -> Cluster | None:
+    """The rendezvous store (hosted on node 0, joined elsewhere); None without TP."""
+    if config.engine.tp_size == 1:
+        return None
+    from minisgl.server.cluster import Cluster
+
+    mc = model_config
+    engine = {f"engine.{k}": v for k, v in asdict(config.engine).items() if k not in ("model", "tp_rank")}
+    sched = {f"scheduler.{k}": v for k, v in asdict(config.sched).items()}
+    settings = {**engine, **sched, "dp": config.parallel.dp_size, "nnodes": config.parallel.nnodes,
+                "model": [mc.architecture, mc.vocab_size, mc.hidden_size, mc.num_layers, mc.num_heads,
+                          mc.num_kv_heads]}  # fmt: skip
+    try:
+        return Cluster(config.parallel, settings, config.startup_timeout)
+    except ValueError as exc:
+        fail(str(exc), 1)
+
+
+def _run_node(config: ServerConfig, model_dir: str, model_config: ModelConfig) -> int:
+    """A node other than 0: run this node's scheduler ranks until node 0 stops."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    cluster = _join_cluster(config, model_config)
+    assert cluster is not None  # --nnodes > 1 implies --tp > 1
+    procs = ServiceProcesses(config, model_dir, 0, cluster)
+    node = config.parallel.node_rank
+    code = 0
+    try:
+        procs.start()
+        procs.wait_ready(config.startup_timeout)
+        logger.info("node %d: %s ready; following node 0 at %s:%d", node, ", ".join(procs.replica_of),
+                    cluster.host, cluster.port)  # fmt: skip
+        while True:
+            dead = procs.wait_any_exit(0.5)
+            state = cluster.head_state()
+            if state == "stopped":
+                logger.info("node 0 stopped: shutting down")
+                break
+            if state == "gone":
+                print(f"minisgl: error: lost node 0 ({cluster.host}:{cluster.port}); node {node} stops",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                code = 1
+                break
+            if dead is not None:
+                logger.error("%s (pid %s) died with exit code %s", dead.name, dead.process.pid, dead.process.exitcode)
+                cluster.report_failure(dead.name)
+                print(f"minisgl: error: the {dead.name} process died; node {node} stops", file=sys.stderr, flush=True)
+                code = 1
+                break
+    except StartupError as exc:
+        cluster.report_failure(str(exc))
+        print(f"minisgl: error: {exc}", file=sys.stderr, flush=True)
+        code = 1
+    except KeyboardInterrupt:
+        logger.info("interrupted: shutting down")
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        procs.shutdown()
+    return code
 
 
 def _default_name(model: str | None, model_dir: str) -> str:
@@ -245,7 +188,8 @@ def _default_name(model: str | None, model_dir: str) -> str:
     return name.removesuffix(".gguf") or Path(model_dir).name
 
 
-def _serve(config: ServerConfig, procs: ServiceProcesses, sock: socket.socket, served: str, context_len: int) -> int:
+def _serve(config: ServerConfig, procs: ServiceProcesses, sock: socket.socket, served: str, context_len: int,
+           poll: Callable[[], str | None] | None) -> int:  # fmt: skip
     import uvicorn
 
     from minisgl.server.admission import AdmissionConfig, DrainingServer, guard_app
@@ -276,7 +220,7 @@ def _serve(config: ServerConfig, procs: ServiceProcesses, sock: socket.socket, s
         timer.daemon = True
         timer.start()
 
-    procs.start_watchdog(on_death)
+    procs.start_watchdog(on_death, poll)
     host, port = sock.getsockname()[:2]
     logger.info("serving %s on http://%s:%d (context %d tokens)", served, host, port, context_len)
     server.run(sockets=[sock])

@@ -8,7 +8,9 @@ tokenization and the hops between processes:
 - end-to-end latency: arrival to the final delta.
 A choice of `n > 1` counts as a request. Queue sizes, KV usage (pages held by requests, not
 counting evictable prefix-cache pages, over all pages) and the prefix-cache hit rate (cached over
-prompt tokens of every admitted request) come from scheduler rank 0 at scrape time.
+prompt tokens of every admitted request) come from scheduler rank 0 of every replica at scrape
+time, summed; the `minisgl_replica_*` gauges give each replica's own (label `replica`, also with
+a single replica), so `--dp` routing can be watched.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from minisgl.message.frontend import ErrorMsg, StatsMsg, TextDelta
+from minisgl.server.frontend import ServiceStats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -57,6 +60,15 @@ class ServerMetrics:
                               ["model_name"], registry=r).labels(**labels)  # fmt: skip
         self.hit_rate = Gauge("minisgl_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache, "
                               "over all prompt tokens", ["model_name"], registry=r).labels(**labels)  # fmt: skip
+        per_replica = ["model_name", "replica"]
+        self.replica_requests = Gauge("minisgl_replica_requests", "Requests each replica has received",
+                                      per_replica, registry=r)  # fmt: skip
+        self.replica_running = Gauge("minisgl_replica_num_requests_running", "Requests each replica decodes",
+                                     per_replica, registry=r)  # fmt: skip
+        self.replica_waiting = Gauge("minisgl_replica_num_requests_waiting", "Requests waiting in each replica",
+                                     per_replica, registry=r)  # fmt: skip
+        self.replica_kv_usage = Gauge("minisgl_replica_kv_cache_usage_ratio", "Fraction of each replica's KV "
+                                      "pages held by requests", per_replica, registry=r)  # fmt: skip
         self.model = model
         self._live: dict[int, _Timing] = {}
 
@@ -95,13 +107,23 @@ class ServerMetrics:
             self._live.pop(rid, None)
 
     # ------------------------------------------------------------------ scrape
-    def render(self, stats: StatsMsg | None) -> bytes:
+    def render(self, stats: ServiceStats | None) -> bytes:
         if stats is not None:
-            self.running.set(stats.running)
-            self.waiting.set(stats.waiting)
-            if stats.total_pages:
-                held = stats.total_pages - stats.free_pages - stats.evictable_pages
-                self.kv_usage.set(max(0, held) / stats.total_pages)
-            if stats.prompt_tokens:
-                self.hit_rate.set(stats.cached_tokens / stats.prompt_tokens)
+            total = stats.total
+            self.running.set(total.running)
+            self.waiting.set(total.waiting)
+            self.kv_usage.set(_kv_usage(total))
+            if total.prompt_tokens:
+                self.hit_rate.set(total.cached_tokens / total.prompt_tokens)
+            for i, replica in enumerate(stats.replicas):
+                labels = (self.model, str(i))
+                self.replica_requests.labels(*labels).set(replica.requests)
+                self.replica_running.labels(*labels).set(replica.running)
+                self.replica_waiting.labels(*labels).set(replica.waiting)
+                self.replica_kv_usage.labels(*labels).set(_kv_usage(replica))
         return generate_latest(self.registry)
+
+
+def _kv_usage(stats: StatsMsg) -> float:
+    held = stats.total_pages - stats.free_pages - stats.evictable_pages
+    return max(0, held) / stats.total_pages if stats.total_pages else 0.0

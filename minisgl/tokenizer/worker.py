@@ -2,8 +2,9 @@
 
 For each `TokenizeMsg` it either rejects the request (`ErrorMsg` straight to the API server) or
 registers it with the detokenizer (stop strings, prompt tail) and then sends `TokenizedMsg` to the
-scheduler. Aborts are forwarded on the same socket as the requests, so the scheduler always sees
-a request before its abort.
+scheduler of the replica the router picks (`router.py`; one replica without `--dp`). Aborts, the
+API server's and the detokenizer's (stop strings), are forwarded to the request's replica on the
+same socket as the requests, so a scheduler always sees a request before its abort.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from minisgl.message.tokenizer import (
     ChatPrompt,
     DetokenizeQueryMsg,
     DetokRegisterMsg,
+    FinishedMsg,
     Prompt,
     TextPrompt,
     TokenizeMsg,
@@ -27,6 +29,7 @@ from minisgl.message.tokenizer import (
 )
 from minisgl.tokenizer.chat import ChatRenderer, ChatTemplateError
 from minisgl.tokenizer.incremental import PROMPT_TAIL
+from minisgl.tokenizer.router import ReplicaRouter
 from minisgl.utils.logging import get_logger
 from minisgl.utils.process import ReadyReporter
 from minisgl.utils.zmq import ZmqPullQueue, ZmqPushQueue
@@ -36,8 +39,8 @@ logger = get_logger(__name__)
 
 @dataclass(frozen=True)
 class TokenizerAddrs:
-    recv: str
-    scheduler: str
+    recv: str  # requests, queries and aborts; with --dp also the replicas' `FinishedMsg`
+    schedulers: tuple[str, ...]  # rank 0 of each replica
     detokenizer: str
     frontend: str
 
@@ -148,7 +151,8 @@ class RequestTokenizer:
 def run_tokenizer(model_dir: str, context_len: int, addrs: TokenizerAddrs, ready: ReadyReporter) -> None:
     """Process entry point."""
     recv: ZmqPullQueue[object] = ZmqPullQueue(addrs.recv)
-    to_sched: ZmqPushQueue[object] = ZmqPushQueue(addrs.scheduler)
+    to_scheds: list[ZmqPushQueue[object]] = [ZmqPushQueue(addr) for addr in addrs.schedulers]
+    router = ReplicaRouter(len(to_scheds))
     to_detok: ZmqPushQueue[object] = ZmqPushQueue(addrs.detokenizer)
     to_front: ZmqPushQueue[object] = ZmqPushQueue(addrs.frontend)
     tokenizer = load_hf_tokenizer(model_dir)
@@ -162,12 +166,18 @@ def run_tokenizer(model_dir: str, context_len: int, addrs: TokenizerAddrs, ready
             if isinstance(result, ErrorMsg):
                 to_front.put(result)
             else:
-                to_detok.put(result[0])  # before the scheduler can produce output for it
-                to_sched.put(result[1])
+                register, tokenized = result
+                to_detok.put(register)  # before the scheduler can produce output for it
+                replica = router.assign(msg.rid, len(tokenized.input_ids) + tokenized.sampling.max_tokens)
+                to_scheds[replica].put(tokenized)
         elif isinstance(msg, (TokenizeQueryMsg, DetokenizeQueryMsg)):
             to_front.put(worker.query(msg))
         elif isinstance(msg, AbortMsg):
-            to_sched.put(msg)
+            owner = router.owner(msg.rid)
+            if owner is not None:  # else it has ended already
+                to_scheds[owner].put(msg)
+        elif isinstance(msg, FinishedMsg):
+            router.finished(msg.rids)
         elif isinstance(msg, ShutdownMsg):
             break
         else:

@@ -2,7 +2,8 @@
 
 Every queue carries wire messages (see `minisgl.message.codec`). The receiving side binds, the
 senders connect, so several processes can feed one receiver. Addresses are `ipc://` paths in a
-directory made fresh for each launch (`IpcDir`), so two services on one machine never collide.
+directory made fresh for each launch (`IpcDir`), so two services on one machine never collide;
+scheduler ranks on other nodes bind `tcp://IP:*` (any free port) and publish `endpoint`.
 """
 
 from __future__ import annotations
@@ -93,6 +94,12 @@ class ZmqPullQueue(Generic[T]):
         self._sock = _make(_sync_ctx(), zmq.PULL, addr, bind)
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
+
+    @property
+    def endpoint(self) -> str:
+        """The bound address, with the port filled in when `addr` asked for any (`tcp://IP:*`)."""
+        raw: bytes = self._sock.getsockopt(zmq.LAST_ENDPOINT)
+        return raw.decode()
 
     def _wait_readable(self) -> None:
         # Block in slices: a signal (SIGTERM from the launcher) may be delivered to a helper
