@@ -42,7 +42,7 @@ def run_minisgl(args: argparse.Namespace, prompts: list[list[int]], outputs: lis
     seconds = time.perf_counter() - start
     out_tokens = sum(len(r["token_ids"]) for r in results)
     return _record("minisgl", out_tokens, seconds, prompts, extra={"device": str(llm.engine.device),
-                   "attn": llm.engine.attn_name, "retractions": llm.scheduler.num_retractions})
+                   "dtype": str(llm.engine.dtype).removeprefix("torch."), "attn": llm.engine.attn_name, "retractions": llm.scheduler.num_retractions})
 
 
 def run_hf(args: argparse.Namespace, prompts: list[list[int]], outputs: list[int]) -> dict[str, Any]:

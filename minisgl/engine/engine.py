@@ -167,7 +167,10 @@ class Engine:
         set_tp_info(TPInfo(config.tp_rank, config.tp_size))
         self.model_dir: Path = resolve_model_dir(config.model)
         self.model_config = ModelConfig.from_dir(self.model_dir)
-        self.dtype = self.platform.default_dtype if config.dtype == "auto" else _DTYPES[config.dtype]
+        dtype = config.dtype if config.dtype != "auto" else (ENV.default_dtype or "auto")
+        if dtype != "auto" and dtype not in _DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r} (MINISGL_DEFAULT_DTYPE?): use one of auto, {', '.join(_DTYPES)}")
+        self.dtype = self.platform.default_dtype if dtype == "auto" else _DTYPES[dtype]
         self.context_len = self.model_config.serving_context_len(config.max_model_len)
         if self.context_len < self.model_config.context_len:
             logger.info("serving a context of %d tokens (model: %d)", self.context_len, self.model_config.context_len)
