@@ -21,8 +21,10 @@ class TorchAttnMeta:
     # decode: slots [B, L] (padding points at the scratch slot), mask [B, 1, 1, L] (True = attend)
     slots: torch.Tensor | None = None
     mask: torch.Tensor | None = None
-    # extend: per request (token start, new tokens, slots of its whole KV, causal mask or None)
-    extend: list[tuple[int, int, torch.Tensor, torch.Tensor | None]] | None = None
+    # extend: per request (token start, new tokens, slots of its whole KV, offset causal mask or
+    # None, plain causal). A request with no cached prefix is plain causal (SDPA's own, faster
+    # path on CPU); one with a prefix needs the offset mask; one new token sees everything.
+    extend: list[tuple[int, int, torch.Tensor, torch.Tensor | None, bool]] | None = None
 
 
 class TorchAttnBackend(BaseAttnBackend):
@@ -50,13 +52,14 @@ class TorchAttnBackend(BaseAttnBackend):
             for row, seq_len, ext_len in zip(batch.rows.tolist(), batch.seq_lens_cpu, batch.extend_lens_cpu):
                 slots = table[row, :seq_len].long()
                 prefix = seq_len - ext_len
-                if ext_len == 1:
-                    mask = None  # one query sees everything before it
+                causal = ext_len > 1 and prefix == 0
+                if ext_len == 1 or causal:
+                    mask = None
                 else:
                     q_pos = torch.arange(prefix, seq_len, device=table.device).unsqueeze(1)
                     k_pos = torch.arange(seq_len, device=table.device).unsqueeze(0)
                     mask = k_pos <= q_pos  # [ext, seq]
-                meta.extend.append((start, ext_len, slots, mask))
+                meta.extend.append((start, ext_len, slots, mask, causal))
                 start += ext_len
         batch.attn_meta = meta
 
@@ -70,14 +73,14 @@ class TorchAttnBackend(BaseAttnBackend):
             return self._decode(q, k_cache, v_cache, meta)
         out = torch.empty_like(q)
         assert meta.extend is not None
-        for start, ext_len, slots, mask in meta.extend:
+        for start, ext_len, slots, mask, causal in meta.extend:
             qi = q[start : start + ext_len].transpose(0, 1)  # [Hq, ext, D]
             ki = k_cache.index_select(0, slots).transpose(0, 1)  # [Hkv, S, D]
             vi = v_cache.index_select(0, slots).transpose(0, 1)
             if self.group > 1:
                 ki = ki.repeat_interleave(self.group, dim=0)
                 vi = vi.repeat_interleave(self.group, dim=0)
-            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=self.sm_scale)
+            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, is_causal=causal, scale=self.sm_scale)
             out[start : start + ext_len] = oi.transpose(0, 1)
         return out
 

@@ -80,7 +80,7 @@ class ErrorMsg:
 class StatsMsg:
     """Answer to `StatsReqMsg(query_id)`: page and queue counts of one replica's scheduler rank 0,
     the prompt tokens of every admitted request so far with how many of them the prefix cache
-    held, and the requests the replica has received (`--dp` routing)."""
+    held, and the requests the replica has received and aborted (`--dp` routing)."""
 
     query_id: int
     total_pages: int
@@ -92,6 +92,7 @@ class StatsMsg:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     requests: int = 0
+    aborted: int = 0
 
 
 @wire(tag=66)

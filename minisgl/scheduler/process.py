@@ -69,7 +69,8 @@ class SchedulerLoop:
         # among them (the /metrics hit rate).
         self.prompt_tokens = 0
         self.cached_tokens = 0
-        self.requests = 0  # requests received (the per-replica counter of --dp)
+        self.requests = 0  # requests received and aborted (per-replica counters of --dp)
+        self.aborted = 0
 
     def connect_relay(self, addrs: list[str]) -> None:
         """Rank 0: send every received message on to these ranks (the other ranks' `recv`)."""
@@ -129,6 +130,7 @@ class SchedulerLoop:
                     self.to_detok.put(ErrorMsg(msg.rid, str(exc), 400))
         elif isinstance(msg, AbortMsg):
             if self.scheduler.abort(msg.rid):
+                self.aborted += 1
                 if self.primary:
                     logger.info("Aborting request %d", msg.rid)
                 # The detokenizer drops its state for the request on this final output.
@@ -138,7 +140,8 @@ class SchedulerLoop:
                 s = self.scheduler.stats()
                 self.to_frontend.put(
                     StatsMsg(msg.query_id, s.total_pages, s.free_pages, s.cached_pages, s.evictable_pages,
-                             s.running, s.waiting, self.prompt_tokens, self.cached_tokens, self.requests)
+                             s.running, s.waiting, self.prompt_tokens, self.cached_tokens, self.requests,
+                             self.aborted)  # fmt: skip
                 )
         elif isinstance(msg, ShutdownMsg):
             self.running = False

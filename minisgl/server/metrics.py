@@ -63,6 +63,8 @@ class ServerMetrics:
         per_replica = ["model_name", "replica"]
         self.replica_requests = Gauge("minisgl_replica_requests", "Requests each replica has received",
                                       per_replica, registry=r)  # fmt: skip
+        self.replica_aborted = Gauge("minisgl_replica_aborted_requests", "Requests each replica has aborted",
+                                     per_replica, registry=r)  # fmt: skip
         self.replica_running = Gauge("minisgl_replica_num_requests_running", "Requests each replica decodes",
                                      per_replica, registry=r)  # fmt: skip
         self.replica_waiting = Gauge("minisgl_replica_num_requests_waiting", "Requests waiting in each replica",
@@ -118,6 +120,7 @@ class ServerMetrics:
             for i, replica in enumerate(stats.replicas):
                 labels = (self.model, str(i))
                 self.replica_requests.labels(*labels).set(replica.requests)
+                self.replica_aborted.labels(*labels).set(replica.aborted)
                 self.replica_running.labels(*labels).set(replica.running)
                 self.replica_waiting.labels(*labels).set(replica.waiting)
                 self.replica_kv_usage.labels(*labels).set(_kv_usage(replica))

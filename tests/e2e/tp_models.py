@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 ARCHS = ("llama", "qwen3")
 
@@ -33,3 +34,45 @@ def make_served_model(arch: str, path: Path, seed: int = 0) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tokenizer_dir / name, path / name)
     return path
+
+
+PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "Once upon a time"]
+CHAT = [{"role": "user", "content": "Name three colors."}]
+MAX_TOKENS = 8
+
+
+def offline_answers(model_dir: Path) -> dict[str, Any]:
+    """TP=1 greedy answers of the offline engine: the reference for every split."""
+    from minisgl import LLM, SamplingParams
+
+    llm = LLM(str(model_dir), device="cpu", num_pages=64)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    answers = {
+        "completions": [r["text"] for r in outs],
+        "completion_tokens": sum(len(r["token_ids"]) for r in outs),
+        "chat": llm.chat(CHAT, params, use_tqdm=False)[0]["text"],
+    }
+    assert all(answers["completions"]) and answers["chat"], answers  # a reference worth comparing with
+    return answers
+
+
+def openai_client(base_url: str) -> Any:
+    import pytest
+
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0, timeout=180)
+
+
+def check_openai_answers(base_url: str, expected: dict[str, Any]) -> None:
+    """Completions (one batch of prompts), chat, and streamed chat equal the offline answers."""
+    client = openai_client(base_url)
+    completion = client.completions.create(model="m", prompt=PROMPTS, max_tokens=MAX_TOKENS, temperature=0)
+    texts = [choice.text for choice in sorted(completion.choices, key=lambda c: c.index)]
+    assert texts == expected["completions"]
+    assert completion.usage is not None and completion.usage.completion_tokens == expected["completion_tokens"]
+    chat = client.chat.completions.create(model="m", messages=CHAT, max_tokens=MAX_TOKENS, temperature=0)
+    assert chat.choices[0].message.content == expected["chat"]
+    stream = client.chat.completions.create(model="m", messages=CHAT, max_tokens=MAX_TOKENS, temperature=0,
+                                            stream=True)  # fmt: skip
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == expected["chat"]
