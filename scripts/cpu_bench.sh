@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CPU serving benchmark: minisgl (fp32) against llama.cpp's llama-server (an F32 GGUF dequantized
+# CPU serving benchmark: minisgl (fp32, and bf16: `--dtype auto` on CPUs with native bf16) against llama.cpp's llama-server (an F32 GGUF dequantized
 # from the shipped Q4_1 SmolLM2, and the Q4_1 file itself), every server driven by the same
 # client (`python -m minisgl.bench serve`) with the same text prompts. Prints a markdown table and
 # appends it to BENCHMARKS.md under a dated heading.
@@ -16,7 +16,7 @@ PY=${PYTHON:-python3}
 CACHE=${MINISGL_PEER_CACHE:-$HOME/.cache/minisgl-peer}
 RUNS=${RUNS:-3}
 WORKLOADS=${WORKLOADS:-"W1 W2 W3"}
-SERVERS=${SERVERS:-"minisgl llama-f32 llama-q4_1"}
+SERVERS=${SERVERS:-"minisgl minisgl-bf16 llama-f32 llama-q4_1"}
 THREADS=${THREADS:-2}
 REQUEST_TIMEOUT=${REQUEST_TIMEOUT:-1800}
 SLOTS=32
@@ -61,9 +61,11 @@ free_port() { "$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1',
 start_server() {
     local name=$1 port=$2 logfile=$WORK/$1.log
     case $name in
-        minisgl)
+        minisgl|minisgl-bf16)
+            local dtype=float32
+            [ "$name" = minisgl-bf16 ] && dtype=bfloat16
             # shellcheck disable=SC2086
-            setsid "$PY" -m minisgl --device cpu --dtype float32 --host 127.0.0.1 --port "$port" \
+            setsid "$PY" -m minisgl --device cpu --dtype $dtype --host 127.0.0.1 --port "$port" \
                 ${MINISGL_ARGS:-} >"$logfile" 2>&1 & ;;
         llama-f32|llama-q4_1)
             local model=$F32_GGUF
@@ -136,7 +138,7 @@ report=$WORK/report.md
              "BENCH_OUT (the runs column shows how many runs each row had)"
     fi
     echo "- hardware: $cpu, $ncpu CPUs, $mem RAM; $flags; load average before/after: $load_before / $load_after"
-    echo "- minisgl: \`python -m minisgl --device cpu --dtype float32 ${MINISGL_ARGS:-}\`"
+    echo "- minisgl: \`python -m minisgl --device cpu --dtype float32 ${MINISGL_ARGS:-}\`; minisgl-bf16: the same with \`--dtype bfloat16\` (what \`--dtype auto\` picks on this CPU)"
     echo "- peer: llama.cpp llama-server ($LLAMA_VERSION, built from the llama-cpp-python sdist's vendored tree," \
          "Release, GGML_NATIVE) \`-t $THREADS -tb $THREADS -np $SLOTS -cb -c $CTX ${LLAMA_ARGS:-}\`;" \
          "llama-f32: every tensor of the shipped Q4_1 GGUF dequantized to F32 (the weights minisgl runs);" \
