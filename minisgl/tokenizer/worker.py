@@ -175,7 +175,7 @@ def run_tokenizer(model_dir: str, context_len: int, addrs: TokenizerAddrs, ready
         elif isinstance(msg, AbortMsg):
             owner = router.owner(msg.rid)
             if owner is not None:  # else it has ended already
-                to_scheds[0].put(msg)
+                to_scheds[owner].put(msg)
         elif isinstance(msg, FinishedMsg):
             router.finished(msg.rids)
         elif isinstance(msg, ShutdownMsg):
