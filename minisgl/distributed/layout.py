@@ -16,8 +16,8 @@ class ShardedDims(NamedTuple):
 
     num_heads: int
     num_kv_heads: int
-    intermediate_size: int
-    moe_intermediate_size: int = 0  # 0: a dense model
+    intermediate_size: int  # 0: no dense MLP layer
+    moe_intermediate_size: int = 0  # 0: no expert layer
 
 
 def tp_problems(dims: ShardedDims, tp: int) -> list[str]:
@@ -28,7 +28,7 @@ def tp_problems(dims: ShardedDims, tp: int) -> list[str]:
     kv = dims.num_kv_heads
     if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
         problems.append(f"its {kv} key/value heads (a smaller size must divide them, a larger one be a multiple)")
-    if dims.intermediate_size % tp:
+    if dims.intermediate_size and dims.intermediate_size % tp:
         problems.append(f"its MLP intermediate size {dims.intermediate_size}")
     if dims.moe_intermediate_size and dims.moe_intermediate_size % tp:
         problems.append(f"its expert intermediate size {dims.moe_intermediate_size}")

@@ -112,9 +112,10 @@ def _load_model_config(config: ServerConfig) -> tuple[str, ModelConfig]:
     except (ModelSourceError, ValueError, OSError, KeyError) as exc:
         fail(f"cannot load model {config.engine.model or '(default)'}: {exc}")
     mc = model_config
+    dense = any(not mc.is_sparse_layer(layer) for layer in range(mc.num_layers))
+    dims = ShardedDims(mc.num_heads, mc.num_kv_heads, mc.intermediate_size if dense else 0, mc.moe_intermediate_size)
     try:
-        check_tp_size(ShardedDims(mc.num_heads, mc.num_kv_heads, mc.intermediate_size, mc.moe_intermediate_size),
-                      config.engine.tp_size)  # fmt: skip
+        check_tp_size(dims, config.engine.tp_size)
     except ValueError as exc:
         fail(str(exc))
     return model_dir, model_config
@@ -148,7 +149,7 @@ def _run_node(config: ServerConfig, model_dir: str, model_config: ModelConfig) -
     code = 0
     try:
         procs.start()
-        procs.wait_ready(config.startup_timeout)
+        procs.wait_ready(config.startup_timeout, lambda: None if cluster.head_state() == "running" else "node 0 left")
         logger.info("node %d: %s ready; following node 0 at %s:%d", node, ", ".join(procs.replica_of),
                     cluster.host, cluster.port)  # fmt: skip
         while True:
