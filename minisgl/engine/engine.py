@@ -6,6 +6,7 @@ inside `forward_context`, and samples the next token of every request that compl
 
 from __future__ import annotations
 
+import time
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,6 +216,12 @@ class Engine:
         self._events = [self.platform.new_event(), self.platform.new_event()]
         self._step_parity = 0
         self.runner = self._make_runner()
+        if self.platform.name == "cpu" and self.dtype == torch.bfloat16:
+            from minisgl.kernels import cpu_gemv
+
+            start = time.perf_counter()
+            if shapes := cpu_gemv.warm_up(self.model):
+                logger.info("compiled the CPU GEMV for %d weight shapes in %.1f s", shapes, time.perf_counter() - start)
         logger.info(
             "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s",
             self.model_config.architecture, self.device, str(self.dtype).replace("torch.", ""),

@@ -63,3 +63,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         logger.warning("compiled CPU GEMV unavailable (%s: %s); using F.linear", type(exc).__name__, exc)
         return F.linear(x, weight, bias)
     return out if bias is None else out + bias
+
+
+def warm_up(model: torch.nn.Module) -> int:
+    """Compile the GEMV for every distinct weight shape of `model`'s linear layers and LM head now
+    (at engine start) rather than inside the first request. Returns how many shapes it compiled."""
+    from minisgl.layers.embedding import ParallelLMHead
+    from minisgl.layers.linear import ColumnParallelLinear, RowParallelLinear
+
+    shapes: dict[tuple[int, int], torch.Tensor] = {}
+    for module in model.modules():
+        if isinstance(module, (ColumnParallelLinear, RowParallelLinear, ParallelLMHead)):
+            shapes.setdefault(tuple(module.weight.shape), module.weight)  # type: ignore[arg-type]
+    done = 0
+    with torch.inference_mode():
+        for (_, k), weight in shapes.items():
+            x = torch.zeros(1, k, dtype=weight.dtype, device=weight.device)
+            if applies(x, weight):
+                linear(x, weight)
+                done += 0 if _broken else 1
+    return done
