@@ -1,7 +1,8 @@
 """Tensor parallelism in the served engine over gloo. Rank 0 relays every message, so all ranks
 schedule identically, and greedy output equals the offline TP=1 engine:
 - three ranks on the embedded SmolLM2 (9 heads, 3 KV heads: one KV head per rank);
-- two ranks on a tiny random Llama, driven by the official openai client;
+- two ranks on a tiny random Llama, driven by the official openai client, two such services
+  side by side (each launch picks its own ports and paths);
 - a TP size that the heads do not divide is refused at launch, naming the sizes that work.
 (The offline parity of TP=2/TP=4 on Llama and Qwen3 is in tests/golden/test_tp_parity.py.)"""
 
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from minisgl.core import SamplingParams
-from tests.e2e.service import REPO, post_json, start_server, wait_idle
+from tests.e2e.service import REPO, Server, post_json, start_server, wait_idle
 from tests.e2e.tp_models import check_openai_answers, make_served_model, offline_answers
 
 pytestmark = pytest.mark.tp
@@ -42,15 +43,21 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_served_model("llama", tmp_path_factory.mktemp("tiny_llama"))
 
 
-def test_tp2_answers_openai_client(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path) -> None:
+def test_tp2_services_side_by_side_answer_openai_client(tmp_path: Path, tiny_llama: Path) -> None:
+    """Two --tp 2 launches at once: each picks its own rendezvous port and ipc paths."""
     expected: dict[str, Any] = offline_answers(tiny_llama)
-    srv = start_server(tmp_path_factory, "tp2", "--model", str(tiny_llama), "--tp", "2", "--num-pages", "64")
+    args = ("--model", str(tiny_llama), "--tp", "2", "--num-pages", "64")
+    servers = [Server(tmp_path / f"tp2-{i}.log", *args) for i in range(2)]
     try:
-        assert set(srv.child_pids()) == {"scheduler-0", "scheduler-1", "tokenizer", "detokenizer"}
-        check_openai_answers(srv.base_url, expected)
-        wait_idle(srv.port)
+        for srv in servers:
+            srv.wait_ready()
+        for srv in servers:
+            assert set(srv.child_pids()) == {"scheduler-0", "scheduler-1", "tokenizer", "detokenizer"}
+            check_openai_answers(srv.base_url, expected)
+            wait_idle(srv.port)
     finally:
-        assert srv.stop() == 0
+        codes = [srv.stop() for srv in servers]
+    assert codes == [0, 0]
 
 
 def test_tp_that_does_not_divide_the_heads_fails_at_launch() -> None:
