@@ -69,8 +69,16 @@ class Cluster:
             self.store.set(_LAYOUT, layout)
             return
         self.port = port
+        deadline = time.monotonic() + timeout
+        # Wait with plain connections: torch logs a C++ stack trace for each failed store connect.
+        logger.info("waiting for node 0 at %s:%d (up to %.0f s)", host, port, timeout)
+        while not _reachable(host, port):
+            if time.monotonic() > deadline:
+                raise ValueError(f"could not reach node 0 at --dist-init-addr {host}:{port} within {timeout:.0f} s; "
+                                 "start node 0 with the same --dist-init-addr (or raise --startup-timeout)")  # fmt: skip
+            time.sleep(0.2)
         try:
-            self.store = connect_store(host, port, timeout)
+            self.store = connect_store(host, port, max(1.0, deadline - time.monotonic()))
             theirs = json.loads(self.store.get(_LAYOUT).decode())
         except Exception as exc:
             raise ValueError(f"could not reach node 0 at --dist-init-addr {host}:{port} within {timeout:.0f} s "
@@ -118,9 +126,7 @@ class Cluster:
     def head_state(self) -> HeadState:
         # A plain connection first: a store request to a dead store would work too, but torch
         # logs a C++ stack trace for it.
-        try:
-            socket.create_connection((self.host, self.port), timeout=2.0).close()
-        except OSError:
+        if not _reachable(self.host, self.port):
             return "gone"
         with self._lock:
             try:
@@ -137,6 +143,14 @@ class Cluster:
                 self.store.set(_FAILED, f"{what} on node {self.parallel.node_rank}")
             except Exception:
                 pass
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=2.0).close()
+    except OSError:
+        return False
+    return True
 
 
 def _short(exc: BaseException) -> str:
