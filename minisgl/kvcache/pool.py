@@ -40,5 +40,7 @@ class KVPool:
         return 2 * num_layers * page_size * num_kv_heads * head_dim * elem
 
     def store(self, layer_id: int, out_loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[layer_id][out_loc] = k
-        self.v[layer_id][out_loc] = v
+        # index_copy_, not `pool[out_loc] = k`: on CPU the advanced-indexing store into a large
+        # pool costs ~190 us for 32 rows, index_copy_ ~4 us (60 stores per step for SmolLM2).
+        self.k[layer_id].index_copy_(0, out_loc, k.to(self.k[layer_id].dtype))
+        self.v[layer_id].index_copy_(0, out_loc, v.to(self.v[layer_id].dtype))
