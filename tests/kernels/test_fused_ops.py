@@ -18,11 +18,7 @@ import torch.nn.functional as F
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
-if not torch.cuda.is_available():
-    # Must precede any triton import: @triton.jit picks the interpreter when the module loads.
-    from minisgl.kernels.interpret import use_triton_interpreter
-
-    use_triton_interpreter()
+# Without CUDA, tests/conftest.py has put triton in interpreter mode before this import.
 
 from minisgl.kernels.activation import silu_and_mul  # noqa: E402
 from minisgl.kernels.activation_ref import silu_and_mul_ref  # noqa: E402

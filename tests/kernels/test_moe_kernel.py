@@ -16,11 +16,7 @@ import torch
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
-if not torch.cuda.is_available():
-    # Must precede any triton import: @triton.jit picks the interpreter when the module loads.
-    from minisgl.kernels.interpret import use_triton_interpreter
-
-    use_triton_interpreter()
+# Without CUDA, tests/conftest.py has put triton in interpreter mode before this import.
 
 from minisgl.kernels.moe import _gate_up_silu_kernel, align_by_expert, fused_moe  # noqa: E402
 from minisgl.kernels.moe_ref import moe_ref  # noqa: E402

@@ -12,11 +12,7 @@ import torch
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
-if not torch.cuda.is_available():
-    # Must precede any triton import: @triton.jit picks the interpreter when the module loads.
-    from minisgl.kernels.interpret import use_triton_interpreter
-
-    use_triton_interpreter()
+# Without CUDA, tests/conftest.py has put triton in interpreter mode before this import.
 
 from minisgl.attention.batch import ForwardBatch  # noqa: E402
 from minisgl.attention.triton_backend import (  # noqa: E402
