@@ -157,7 +157,9 @@ class SchedulerLoop:
                 q.close()
 
 
-def _join_group(engine_config: EngineConfig, rdzv: Rendezvous | None, device_index: int) -> tuple[EngineConfig, dist.Store | None]:
+def _join_group(
+    engine_config: EngineConfig, rdzv: Rendezvous | None, device_index: int
+) -> tuple[EngineConfig, dist.Store | None]:
     """Pick this process's device (the `device_index`-th GPU of its node when on CUDA) and join
     its TP group; returns the per-process config and the group's store (None without TP)."""
     from minisgl.distributed.group import init_tp_group

@@ -148,8 +148,8 @@ def create_app(state: AppState) -> FastAPI:
             "total_pages": s.total_pages, "free_pages": s.free_pages, "cached_pages": s.cached_pages,
             "evictable_pages": s.evictable_pages, "running": s.running, "waiting": s.waiting,
             "live_requests": state.fm.live_requests,
-            "replicas": [{"replica": i, "requests": r.requests, "aborted": r.aborted, "running": r.running, "waiting": r.waiting,
-                          "total_pages": r.total_pages, "free_pages": r.free_pages}
+            "replicas": [{"replica": i, "requests": r.requests, "aborted": r.aborted, "running": r.running,
+                          "waiting": r.waiting, "total_pages": r.total_pages, "free_pages": r.free_pages}
                          for i, r in enumerate(stats.replicas)],
         })  # fmt: skip
 

@@ -137,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--device", type=_device, default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     d.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size: one scheduler per rank")
     d.add_argument("--dp", type=_positive_int, default=1, help="data-parallel replicas (each with --tp ranks) "
-                   "behind one API server; a request goes to the replica with the fewest outstanding tokens")  # fmt: skip
+                   "behind one API server; a request goes to the replica with the fewest outstanding "
+                   "tokens")  # fmt: skip
     d.add_argument("--nnodes", type=_positive_int, default=1, help="machines one launch spans (run the same "
                    "command on each, with its --node-rank; --tp must be a multiple of it)")  # fmt: skip
     d.add_argument("--node-rank", type=_non_negative_int, default=0,

@@ -74,8 +74,9 @@ class Cluster:
         logger.info("waiting for node 0 at %s:%d (up to %.0f s)", host, port, timeout)
         while not _reachable(host, port):
             if time.monotonic() > deadline:
-                raise ValueError(f"could not reach node 0 at --dist-init-addr {host}:{port} within {timeout:.0f} s; "
-                                 "start node 0 with the same --dist-init-addr (or raise --startup-timeout)")  # fmt: skip
+                raise ValueError(f"could not reach node 0 at --dist-init-addr {host}:{port} within "
+                                 f"{timeout:.0f} s; start node 0 with the same --dist-init-addr "
+                                 "(or raise --startup-timeout)")  # fmt: skip
             time.sleep(0.2)
         try:
             self.store = connect_store(host, port, max(1.0, deadline - time.monotonic()))
