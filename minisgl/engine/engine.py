@@ -7,7 +7,6 @@ inside `forward_context`, and samples the next token of every request that compl
 from __future__ import annotations
 
 import time
-from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -24,7 +23,7 @@ from minisgl.engine.config import EngineConfig
 from minisgl.engine.grammar import GrammarState, bitmask_width
 from minisgl.engine.penalties import PenaltyTracker
 from minisgl.engine.sampler import LogitsControls, Sampler, SamplingBatch, TokenLogprobs, token_logprobs
-from minisgl.engine.transfer import upload
+from minisgl.engine.transfer import StagingRing, upload, upload_many
 from minisgl.env import ENV
 from minisgl.kernels.impl import resolve_impl
 from minisgl.kvcache.pool import KVPool
@@ -137,22 +136,6 @@ class ForwardOut:
     next_tokens: list[int]
 
 
-class _StagingRing:
-    """Two growable int64 host buffers used alternately (pinned on CUDA)."""
-
-    def __init__(self, pinned: bool) -> None:
-        self.pinned = pinned
-        self.buffers = [torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)]
-        self.turn = 0
-
-    def take(self, n: int) -> torch.Tensor:
-        self.turn ^= 1
-        if self.buffers[self.turn].numel() < n:
-            size = max(n, 2 * self.buffers[self.turn].numel(), 4096)
-            self.buffers[self.turn] = torch.empty(size, dtype=torch.int64, pin_memory=self.pinned)
-        return self.buffers[self.turn][:n]
-
-
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         from minisgl.models.loader import init_dummy_weights, load_weights
@@ -211,8 +194,8 @@ class Engine:
         # Reused host staging and events (allocating pinned memory or CUDA events per step costs
         # more than the step's own host work). Two of each: step N+1 is built while step N's
         # copies may still be in flight, and step N is always complete before N+2 is built.
-        self._staging = _StagingRing(self.platform.pin_memory)
-        self._token_staging = _StagingRing(self.platform.pin_memory)
+        self._staging = StagingRing(self.platform.pin_memory)
+        self._token_staging = StagingRing(self.platform.pin_memory)
         self._events = [self.platform.new_event(), self.platform.new_event()]
         self._step_parity = 0
         self.runner = self._make_runner()
@@ -274,18 +257,6 @@ class Engine:
         return self.config.max_running_requests
 
     # ----------------------------------------------------------------------------------------
-    def _upload(self, parts: list[list[int]]) -> list[torch.Tensor]:
-        """Copy several host int lists to the device in one transfer (pinned, non-blocking on CUDA,
-        so the host never waits for the GPU here); returns int64 device views, one per list."""
-        flat = array("q")
-        for part in parts:
-            flat.extend(part)
-        host = self._staging.take(len(flat))
-        if flat:
-            host.copy_(torch.frombuffer(flat, dtype=torch.int64))
-        dev = host.to(self.device, non_blocking=True)
-        return list(dev.split([len(part) for part in parts]))
-
     @torch.inference_mode()
     def build_batch(self, plan: StepPlan, prev: LaunchedStep | None = None) -> tuple[ForwardBatch, list[Req]]:
         """The device batch of a plan, and the requests that sample a token in it."""
@@ -333,7 +304,7 @@ class Engine:
         assert len(plan.out_loc) == len(input_ids)
         dst, src = [t for t, _ in plan.from_prev], [j for _, j in plan.from_prev]
         (ids_t, pos_t, out_loc, table_rows, table_pos, table_slots, rows_t, seq_t, ext_t, starts_t, sample_t,
-         dst_t, src_t, targets_t) = self._upload([
+         dst_t, src_t, targets_t) = upload_many(self._staging, self.device, [
             input_ids, positions, plan.out_loc, rows_per_token + plan.table_rows, plan.table_pos,
             plan.table_slots, rows, seq_lens, ext_lens, starts, sample_idx + prompt_idx, dst, src, prompt_targets,
         ])  # fmt: skip

@@ -1,7 +1,10 @@
-"""Small host-to-device uploads that never make the host wait for queued GPU work."""
+"""Host-to-device uploads that never make the host wait for queued GPU work: a single list
+(`upload`, pinned staging per call) and the step's many int lists in one copy (`upload_many`,
+through reused pinned buffers)."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 import torch
@@ -11,3 +14,32 @@ def upload(values: Sequence[object], dtype: torch.dtype, device: torch.device) -
     """Host list -> device tensor (pinned staging and a non-blocking copy on CUDA)."""
     pinned = device.type == "cuda"
     return torch.tensor(values, dtype=dtype, pin_memory=pinned).to(device, non_blocking=True)
+
+
+class StagingRing:
+    """Two growable int64 host buffers used alternately (pinned on CUDA): step N+1 is staged while
+    step N's copy may still be in flight, and step N is complete before N+2 is staged."""
+
+    def __init__(self, pinned: bool) -> None:
+        self.pinned = pinned
+        self.buffers = [torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)]
+        self.turn = 0
+
+    def take(self, n: int) -> torch.Tensor:
+        self.turn ^= 1
+        if self.buffers[self.turn].numel() < n:
+            size = max(n, 2 * self.buffers[self.turn].numel(), 4096)
+            self.buffers[self.turn] = torch.empty(size, dtype=torch.int64, pin_memory=self.pinned)
+        return self.buffers[self.turn][:n]
+
+
+def upload_many(staging: StagingRing, device: torch.device, parts: list[list[int]]) -> list[torch.Tensor]:
+    """Several host int lists -> int64 device views, one per list, in one non-blocking transfer."""
+    flat = array("q")
+    for part in parts:
+        flat.extend(part)
+    host = staging.take(len(flat))
+    if flat:
+        host.copy_(torch.frombuffer(flat, dtype=torch.int64))
+    dev = host.to(device, non_blocking=True)
+    return list(dev.split([len(part) for part in parts]))
