@@ -81,15 +81,19 @@ class TorchAttnBackend(BaseAttnBackend):
             vi = v_cache.index_select(0, slots).transpose(0, 1)
             if ext_len == 1:
                 # One query: its heads grouped by KV head, [Hkv, G, D] against [Hkv, S, D].
-                qi = q[start].view(self.num_kv_heads, self.group, self.head_dim)
-                oi = F.scaled_dot_product_attention(qi, ki, vi, scale=self.sm_scale)
+                # 4-D inputs: CPU SDPA takes its flash path (3-D ones fall back to the slower
+                # math path, ~2.4x the time for one query in bf16).
+                qi = q[start].view(1, self.num_kv_heads, self.group, self.head_dim)
+                oi = F.scaled_dot_product_attention(qi, ki[None], vi[None], scale=self.sm_scale)
                 out[start] = oi.reshape(self.num_heads, self.head_dim)
                 continue
             qi = q[start : start + ext_len].transpose(0, 1)  # [Hq, ext, D]
             if self.group > 1:
                 ki = ki.repeat_interleave(self.group, dim=0)
                 vi = vi.repeat_interleave(self.group, dim=0)
-            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, is_causal=causal, scale=self.sm_scale)
+            oi = F.scaled_dot_product_attention(
+                qi[None], ki[None], vi[None], attn_mask=mask, is_causal=causal, scale=self.sm_scale
+            )[0]
             out[start : start + ext_len] = oi.transpose(0, 1)
         return out
 
