@@ -28,6 +28,8 @@ class TorchAttnMeta:
     # None, plain causal). A request with no cached prefix is plain causal (SDPA's own, faster
     # path on CPU); one with a prefix needs the offset mask; one new token sees everything.
     extend: list[tuple[int, int, torch.Tensor, torch.Tensor | None, bool]] | None = None
+    # decode through the C++ CPU kernel (bf16 on CPU): the batch's rows and sequence lengths
+    kernel: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class TorchAttnBackend(BaseAttnBackend):
@@ -38,11 +40,20 @@ class TorchAttnBackend(BaseAttnBackend):
         self.group = num_heads // num_kv_heads
         self.head_dim = head_dim
         self.sm_scale = sm_scale
+        # bf16 decode on CPU: one C++ call per layer (kernels/cpu_attention.py), built here at
+        # engine start; fp32 keeps the per-request SDPA path (the exact-parity mode).
+        self.cpu_kernel = False
+        if pool.k[0].device.type == "cpu" and pool.dtype == torch.bfloat16:
+            from minisgl.kernels import cpu_attention
+
+            self.cpu_kernel = cpu_attention.load() is not None
 
     def prepare(self, batch: ForwardBatch) -> None:
         meta = TorchAttnMeta()
         table = batch.token_table
-        if batch.phase == "decode" and table.device.type != "cpu":
+        if batch.phase == "decode" and self.cpu_kernel:
+            meta.kernel = (batch.rows, batch.seq_lens)
+        elif batch.phase == "decode" and table.device.type != "cpu":
             max_len = batch.max_seq_len
             positions = torch.arange(max_len, device=table.device)
             valid = positions.unsqueeze(0) < batch.seq_lens.unsqueeze(1)  # [B, L]
@@ -72,6 +83,12 @@ class TorchAttnBackend(BaseAttnBackend):
         self.pool.store(layer_id, batch.out_loc, k, v)
         meta: TorchAttnMeta = batch.attn_meta
         k_cache, v_cache = self.pool.k[layer_id], self.pool.v[layer_id]
+        if meta.kernel is not None:
+            from minisgl.kernels.cpu_attention import decode_attention
+
+            rows, seq_lens = meta.kernel
+            q = q.view(-1, self.num_heads, self.head_dim)
+            return decode_attention(q, k_cache, v_cache, batch.token_table, rows, seq_lens, self.sm_scale)
         if meta.slots is not None:
             return self._decode(q, k_cache, v_cache, meta)
         out = torch.empty_like(q)

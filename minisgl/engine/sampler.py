@@ -155,6 +155,14 @@ class SamplingBatch:
         return SamplingBatch(False, any_greedy, temperature, greedy, top_k, top_p, min_p, seeded_rows, seed_keys)
 
 
+def _greedy(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the vocabulary, first index on ties. On CPU `max(dim).indices` (same first-index
+    rule) takes ~1.3 ms for 32 x 49k bf16 logits where `argmax` takes ~2.9 ms."""
+    if logits.device.type == "cpu":
+        return logits.max(dim=-1).indices
+    return logits.argmax(dim=-1)
+
+
 class Sampler:
     """Samples a batch of rows. With `fused` (CUDA, see `kernels.impl`), plain temperature
     sampling (no top-k/top-p/min-p, per-request seed or logit control; greedy rows may mix in)
@@ -183,7 +191,7 @@ class Sampler:
         if batch.controls is not None:
             logits = batch.controls.apply(logits.float())
         if batch.all_greedy:
-            return logits.argmax(dim=-1)
+            return _greedy(logits)
         logits = logits.float()
         probs = torch.softmax(logits / batch.temperature.unsqueeze(1), dim=-1)
         probs = self._filter(probs, batch)
@@ -203,7 +211,7 @@ class Sampler:
             sampled = (probs / noise).argmax(dim=-1)
         if not batch.any_greedy:
             return sampled
-        return torch.where(batch.greedy, logits.argmax(dim=-1), sampled)
+        return torch.where(batch.greedy, _greedy(logits), sampled)
 
     @staticmethod
     def _filter(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -225,3 +225,14 @@ def test_hashed_uniform_is_in_the_open_unit_interval_and_uniform() -> None:
     assert abs(float((centred[:, 1:] * centred[:, :-1]).mean())) * 12 < 0.01
     # The smallest value is far from 0, so -log(u) never overflows the exponential race.
     assert math.isfinite(float(-u.log().max()))
+
+
+def test_greedy_takes_the_first_of_tied_maxima() -> None:
+    from minisgl.engine.sampler import _greedy
+
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = torch.zeros(3, 1000, dtype=dtype)
+        logits[0, [5, 700]] = 3.0
+        logits[1, [999]] = 1.0
+        logits[2, [0, 1, 2]] = 2.0
+        assert _greedy(logits).tolist() == [5, 999, 0] == logits.argmax(dim=-1).tolist()

@@ -1,0 +1,54 @@
+"""The C++ CPU decode-attention kernel against per-request SDPA over the same paged pool, and the
+torch backend's choice of it (bf16 on CPU only)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minisgl.kernels import cpu_attention
+
+pytestmark = pytest.mark.skipif(cpu_attention.load() is None, reason="the C++ kernel could not be built here")
+
+
+def _paged_case(dtype: torch.dtype, lens: list[int], hkv: int = 3, group: int = 3, dim: int = 64):
+    torch.manual_seed(len(lens))
+    slots_total = 4096
+    k_cache = torch.randn(slots_total, hkv, dim).to(dtype)
+    v_cache = torch.randn(slots_total, hkv, dim).to(dtype)
+    table = torch.zeros(len(lens) + 2, 1024, dtype=torch.int32)
+    pages = torch.randperm(slots_total // 16)
+    used = 0
+    rows = torch.tensor([len(lens) + 1 - i for i in range(len(lens))])  # rows out of order
+    for i, n in enumerate(lens):
+        count = -(-n // 16)
+        slots = (pages[used : used + count, None] * 16 + torch.arange(16)).reshape(-1)[:n]
+        used += count
+        table[rows[i], :n] = slots.int()
+    q = torch.randn(len(lens), hkv * group, dim).to(dtype)
+    return q, k_cache, v_cache, table, rows, torch.tensor(lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_matches_sdpa_per_request(dtype: torch.dtype) -> None:
+    lens = [1, 7, 16, 17, 300, 64]
+    q, k_cache, v_cache, table, rows, seq_lens = _paged_case(dtype, lens)
+    out = cpu_attention.decode_attention(q, k_cache, v_cache, table, rows, seq_lens, 0.125)
+    assert out.shape == q.shape and out.dtype == dtype
+    for i, n in enumerate(lens):
+        slots = table[rows[i], :n].long()
+        k = k_cache.index_select(0, slots).transpose(0, 1).float()
+        v = v_cache.index_select(0, slots).transpose(0, 1).float()
+        ref = F.scaled_dot_product_attention(q[i].view(1, 3, 3, 64).float(), k[None], v[None], scale=0.125)
+        tol = 1e-5 if dtype == torch.float32 else 1.6e-2  # bf16: the output's own rounding
+        torch.testing.assert_close(out[i].float(), ref.reshape(9, 64), atol=tol, rtol=tol)
+
+
+def test_backend_uses_the_kernel_for_bf16_only() -> None:
+    from minisgl.attention.torch_backend import TorchAttnBackend
+    from minisgl.kvcache.pool import KVPool
+
+    for dtype, expected in ((torch.bfloat16, True), (torch.float32, False)):
+        pool = KVPool(2, 8, 16, 3, 64, dtype, torch.device("cpu"))
+        assert TorchAttnBackend(pool, 9, 3, 64, 0.125).cpu_kernel is expected
