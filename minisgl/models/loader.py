@@ -26,7 +26,31 @@ def _checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def iter_checkpoint(model_dir: Path, show_progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+class LazyTensor:
+    """A checkpoint tensor not read yet: `narrow` (and slicing dim 0) read only that range from the
+    file, so a tensor-parallel rank reads its shard, not the whole tensor. Anything else calls
+    `materialize()` for the full tensor."""
+
+    def __init__(self, handle: object, name: str) -> None:
+        self._slice = handle.get_slice(name)  # type: ignore[attr-defined]
+        self.shape = torch.Size(self._slice.get_shape())
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        index = [slice(None)] * len(self.shape)
+        index[dim] = slice(start, start + length)
+        return self._slice[tuple(index)]
+
+    def __getitem__(self, rows: slice) -> torch.Tensor:
+        assert isinstance(rows, slice), "lazy checkpoint tensors slice along dim 0 only"
+        return self._slice[rows]
+
+    def materialize(self) -> torch.Tensor:
+        return self._slice[:]
+
+
+def iter_checkpoint(
+    model_dir: Path, show_progress: bool = True, lazy: bool = False
+) -> Iterator[tuple[str, torch.Tensor | LazyTensor]]:
     from safetensors import safe_open
 
     files = _checkpoint_files(model_dir)
@@ -35,8 +59,18 @@ def iter_checkpoint(model_dir: Path, show_progress: bool = True) -> Iterator[tup
     with tqdm(total=total, desc="Loading weights", unit="tensor", disable=not show_progress) as bar:
         for handle in handles:
             for name in handle.keys():
-                yield name, handle.get_tensor(name)
+                yield name, (LazyTensor(handle, name) if lazy else handle.get_tensor(name))
                 bar.update(1)
+
+
+def _takes_lazy(param: nn.Parameter) -> bool:
+    """Loaders that only narrow or slice what they get (the TP-sharded linear layers and the
+    vocabulary-parallel embedding); everything else gets the full tensor."""
+    from minisgl.layers.embedding import VocabParallelEmbedding
+    from minisgl.layers.linear import ColumnParallelLinear, RowParallelLinear
+
+    owner = getattr(getattr(param, "weight_loader", None), "__self__", None)
+    return isinstance(owner, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding))
 
 
 def _target(model: nn.Module, name: str) -> tuple[str, str | int | None] | None:
@@ -54,14 +88,20 @@ def _target(model: nn.Module, name: str) -> tuple[str, str | int | None] | None:
 
 
 def load_weights(model: nn.Module, model_dir: Path, show_progress: bool = True) -> None:
+    from minisgl.distributed import get_tp_info
+
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
-    for name, tensor in iter_checkpoint(model_dir, show_progress):
+    # With TP, sharded layers read only their rank's slice from the file.
+    lazy = get_tp_info().size > 1
+    for name, tensor in iter_checkpoint(model_dir, show_progress, lazy=lazy):
         target = _target(model, name)
         if target is None:
             continue
         param_name, part = target
         param = params.get(param_name)
+        if isinstance(tensor, LazyTensor) and (param is None or not _takes_lazy(param)):
+            tensor = tensor.materialize()
         if param is None:
             extra = getattr(model, "load_extra_weight", None)
             if extra is not None and extra(name, tensor):
