@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the embedded SmolLM2-135M-Instruct)")  # fmt: skip
     m.add_argument("--served-model-name", default=None, help="name reported by /v1/models (default: from --model)")
     m.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="weight and activation dtype (default: auto = bfloat16 on CUDA and on CPUs with native bf16, else float32)")  # fmt: skip
+                   help="weight and activation dtype (default: auto = bfloat16 on CUDA and on CPUs with "
+                   "native bf16, else float32)")  # fmt: skip
     m.add_argument("--dummy-weights", action="store_true", help="random weights (benchmarks without a checkpoint)")
     m.add_argument("--max-model-len", type=_positive_int, default=None, help="cap on the context length")
     m.add_argument("--seed", type=int, default=0, help="random seed of the engine (default: 0)")
