@@ -15,8 +15,6 @@ def make_served_model(arch: str, path: Path, seed: int = 0) -> Path:
     import torch
     import transformers as tf
 
-    from minisgl.models.source import resolve_model_dir
-
     common = dict(vocab_size=49152, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                   initializer_range=0.15, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2)  # fmt: skip
@@ -30,10 +28,17 @@ def make_served_model(arch: str, path: Path, seed: int = 0) -> Path:
         raise ValueError(arch)
     torch.manual_seed(seed)
     cls(config).eval().save_pretrained(path)
+    copy_embedded_tokenizer(path)
+    return path
+
+
+def copy_embedded_tokenizer(path: Path) -> None:
+    """Give a tiny checkpoint the embedded SmolLM2 tokenizer (its vocabulary must be 49152)."""
+    from minisgl.models.source import resolve_model_dir
+
     tokenizer_dir = resolve_model_dir(None)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tokenizer_dir / name, path / name)
-    return path
 
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "Once upon a time"]
