@@ -3,7 +3,7 @@
 Extend (prefill on top of a cached prefix) runs SDPA per request with a causal offset mask. Decode
 does the same on CPU (one query per request, grouped by KV head, no mask): cheaper there than one
 batched call over KV gathered into a padded [B, L] block (12 vs 27 ms per layer for 32 requests of
-64-640 tokens in /tmp measurements on the 2-core machine), which is what it does on CUDA, where
+64-640 tokens, measured on the 2-core machine), which is what it does on CUDA, where
 one launch beats 32.
 """
 
@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from minisgl.attention.base import BaseAttnBackend
 from minisgl.attention.batch import ForwardBatch
+from minisgl.kernels import cpu_attention
 from minisgl.kvcache.pool import KVPool
 
 
@@ -44,8 +45,6 @@ class TorchAttnBackend(BaseAttnBackend):
         # engine start; fp32 keeps the per-request SDPA path (the exact-parity mode).
         self.cpu_kernel = False
         if pool.k[0].device.type == "cpu" and pool.dtype == torch.bfloat16:
-            from minisgl.kernels import cpu_attention
-
             self.cpu_kernel = cpu_attention.load() is not None
 
     def prepare(self, batch: ForwardBatch) -> None:
@@ -84,11 +83,9 @@ class TorchAttnBackend(BaseAttnBackend):
         meta: TorchAttnMeta = batch.attn_meta
         k_cache, v_cache = self.pool.k[layer_id], self.pool.v[layer_id]
         if meta.kernel is not None:
-            from minisgl.kernels.cpu_attention import decode_attention
-
             rows, seq_lens = meta.kernel
             q = q.view(-1, self.num_heads, self.head_dim)
-            return decode_attention(q, k_cache, v_cache, batch.token_table, rows, seq_lens, self.sm_scale)
+            return cpu_attention.decode_attention(q, k_cache, v_cache, batch.token_table, rows, seq_lens, self.sm_scale)
         if meta.slots is not None:
             return self._decode(q, k_cache, v_cache, meta)
         out = torch.empty_like(q)

@@ -171,7 +171,7 @@ class Sampler:
 
     def __init__(self, fused: bool = False, seed: int = 0) -> None:
         self.fused = fused
-        self._rng = random.Random(seed)  # per-call Philox seeds of the fused kernel
+        self._rng = random.Random(seed)  # per-call noise seeds of the fused kernel
 
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """logits [R, V] (any float dtype) -> next token ids [R] int64. `logits` is not modified."""
