@@ -78,7 +78,7 @@ def gumbel_sample(logits: torch.Tensor, temperature: torch.Tensor, seed: int) ->
     -> sampled token ids [R] int64."""
     rows, vocab = logits.shape
     assert logits.stride(1) == 1 and temperature.shape == (rows,)
-    assert vocab < 2**31, "token offsets are int32"
+    assert rows * vocab < 2**31, "kept within int32 element offsets"
     block = min(_BLOCK, triton.next_power_of_2(vocab))
     split = max(block, _SPLIT // block * block)
     num_splits = triton.cdiv(vocab, split)
