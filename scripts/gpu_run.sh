@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install the carried wheels, run the GPU tests, run the benchmarks,
 # print a table last. Usage (through the device tool, with carry [".whl"]):
-#   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,host,check,profile,bench,bench8b,moe,hf or all
+#   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,host,check,profile,workload,sweep,
+#                                       bench,bench8b,moe,hf,tp (tp: two GPUs) or all
 # Results land in $OUT (if set) as gpu_tests.log, profile_*.txt and bench.jsonl.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,8 @@ if has check; then
     timeout "${CHECK_LIMIT:-600}" python3 -m pytest -q -rf --tb=short -m gpu ${CHECK_ARGS:-tests/kernels tests/golden} \
         -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 fi
+has sweep && timeout 300 python3 scripts/sweep_decode_attention.py 2>&1 | tee "$OUT/sweep.txt"
+has workload && timeout 120 python3 scripts/profile_workload.py configs/qwen3-0.6b 2>&1 | grep -v INFO | tee "$OUT/workload.txt"
 if has profile; then
     for shape in ${PROFILE_SHAPES:-1:128 256:512}; do  # batch size:prompt length
         bs=${shape%:*} len=${shape#*:}
@@ -56,6 +59,13 @@ fi
 has bench8b && bench qwen3-8b 130 --model configs/qwen3-8b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
 has moe && bench qwen3-30b-a3b 200 --model configs/qwen3-30b-a3b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
 has hf && bench hf-peer-32seq 200 --model configs/qwen3-0.6b --dummy-weights --num-seqs 32 --seed 0 --peer hf
+if has tp; then  # two GPUs: TP=2 == TP=1 (fp32 tiny models, NCCL), then Qwen3-8B TP=1 vs TP=2
+    timeout 300 python3 -m pytest -q -rf --tb=short -m gpu tests/golden/test_tp_parity.py -p no:cacheprovider 2>&1 \
+        | tee "$OUT/tp_tests.log" | tail -6
+    W8="--model configs/qwen3-8b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0"
+    bench qwen3-8b-tp1 130 $W8
+    bench qwen3-8b-tp2 150 $W8 --tp 2
+fi
 python3 - "$OUT/bench.jsonl" <<'PYEOF'
 import json, os, sys
 if not os.path.exists(sys.argv[1]):

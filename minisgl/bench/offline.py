@@ -14,25 +14,36 @@ from minisgl.core import SamplingParams
 
 
 def make_workload(args: argparse.Namespace) -> tuple[list[list[int]], list[int]]:
-    """Token-id prompts uniform in [0, 10000]; input and output lengths uniform in their ranges."""
+    """Token-id prompts uniform in [0, --max-token-id (10000)]; input and output lengths uniform in their ranges."""
     rng = random.Random(args.seed)
     prompts = [
-        [rng.randint(0, 10000) for _ in range(rng.randint(args.min_input, args.max_input))]
+        [rng.randint(0, args.max_token_id) for _ in range(rng.randint(args.min_input, args.max_input))]
         for _ in range(args.num_seqs)
     ]
     outputs = [rng.randint(args.min_output, args.max_output) for _ in range(args.num_seqs)]
     return prompts, outputs
 
 
-def run_minisgl(args: argparse.Namespace, prompts: list[list[int]], outputs: list[int]) -> dict[str, Any]:
+def run_minisgl(
+    args: argparse.Namespace, prompts: list[list[int]], outputs: list[int], tp_rank: int = 0, rdzv: Any = None
+) -> dict[str, Any]:
     from minisgl import LLM
+    from minisgl.engine.config import EngineConfig
+    from minisgl.scheduler.config import SchedulerConfig
+    from minisgl.scheduler.process import _join_group
 
-    llm = LLM(
-        args.model, device=args.device, dtype=args.dtype, dummy_weights=args.dummy_weights,
+    engine_config = EngineConfig(
+        model=args.model, device=args.device, dtype=args.dtype, dummy_weights=args.dummy_weights,
         page_size=args.page_size, num_pages=args.num_pages, attn=args.attn,
-        max_running_requests=args.max_running_requests, max_prefill_tokens=args.max_prefill_tokens,
-        cache=args.cache, cuda_graph_max_bs=args.cuda_graph_max_bs,
+        max_running_requests=args.max_running_requests, cuda_graph_max_bs=args.cuda_graph_max_bs,
+        tp_rank=tp_rank, tp_size=args.tp,
     )
+    # Rank r of a TP group runs on the r-th GPU (as the server's scheduler processes do).
+    engine_config, _store = _join_group(engine_config, rdzv, device_index=tp_rank)
+    llm = LLM(engine_config=engine_config, scheduler_config=SchedulerConfig(
+        max_running_requests=args.max_running_requests, max_prefill_tokens=args.max_prefill_tokens,
+        cache=args.cache,
+    ))
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n) for n in outputs]
     llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=args.temperature, max_tokens=8), use_tqdm=False)  # warm-up
     llm.engine.platform.synchronize()
@@ -42,7 +53,56 @@ def run_minisgl(args: argparse.Namespace, prompts: list[list[int]], outputs: lis
     seconds = time.perf_counter() - start
     out_tokens = sum(len(r["token_ids"]) for r in results)
     return _record("minisgl", out_tokens, seconds, prompts, extra={"device": str(llm.engine.device),
-                   "dtype": str(llm.engine.dtype).removeprefix("torch."), "attn": llm.engine.attn_name, "retractions": llm.scheduler.num_retractions})
+                   "dtype": str(llm.engine.dtype).removeprefix("torch."), "attn": llm.engine.attn_name,
+                   "tp": args.tp, "retractions": llm.scheduler.num_retractions})
+
+
+def _tp_rank_main(args: argparse.Namespace, rank: int, port: int, results: Any) -> None:
+    """One rank of `--tp N` (spawned): every rank runs the same workload through its own
+    scheduler, in lockstep through the collectives; each reports its record (or its error)."""
+    from minisgl.distributed.group import Rendezvous
+
+    try:
+        prompts, outputs = make_workload(args)
+        results.put((rank, run_minisgl(args, prompts, outputs, rank, Rendezvous("127.0.0.1", port, "bench", 600.0))))
+    except BaseException as exc:
+        results.put((rank, f"{type(exc).__name__}: {exc}"))
+        raise
+
+
+def run_minisgl_tp(args: argparse.Namespace) -> dict[str, Any]:
+    """`--tp N`: N spawned ranks (GPU r for rank r on CUDA, gloo on CPU); rank 0's record."""
+    import multiprocessing as mp
+
+    from minisgl.distributed.group import host_store
+
+    store = host_store("127.0.0.1", 0)  # the group's rendezvous, alive until every rank is done
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_tp_rank_main, args=(args, rank, store.port, results)) for rank in range(args.tp)]
+    for proc in procs:
+        proc.start()
+    got: dict[int, Any] = {}
+    try:
+        while len(got) < args.tp:
+            if not any(proc.is_alive() for proc in procs) and results.empty():
+                break
+            try:
+                rank, record = results.get(timeout=5.0)
+            except Exception:  # queue.Empty: look at the processes again
+                continue
+            got[rank] = record
+            if isinstance(record, str):
+                break
+    finally:
+        for proc in procs:
+            proc.join(30 if len(got) == args.tp else 1)
+            if proc.is_alive():
+                proc.kill()
+    errors = {rank: rec for rank, rec in got.items() if isinstance(rec, str)}
+    if errors or 0 not in got:
+        raise RuntimeError(f"--tp {args.tp} failed: {errors or 'rank 0 never reported'}")
+    return got[0]
 
 
 def run_hf(args: argparse.Namespace, prompts: list[list[int]], outputs: list[int]) -> dict[str, Any]:
@@ -105,11 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prefill-tokens", type=int, default=8192)
     p.add_argument("--cuda-graph-max-bs", type=int, default=256, help="0 disables CUDA graphs")
     p.add_argument("--cache", default="radix", choices=["radix", "naive"])
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (one process and GPU each)")
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--min-input", type=int, default=100)
     p.add_argument("--max-input", type=int, default=1024)
     p.add_argument("--min-output", type=int, default=100)
     p.add_argument("--max-output", type=int, default=1024)
+    p.add_argument("--max-token-id", type=int, default=10000, help="prompt ids are uniform in [0, this]")
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--peer", choices=["hf"], action="append", default=[], help="also run a peer engine")
@@ -122,7 +184,8 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     prompts, outputs = make_workload(args)
     if not args.no_minisgl:
-        print(json.dumps(run_minisgl(args, prompts, outputs)), flush=True)
+        record = run_minisgl_tp(args) if args.tp > 1 else run_minisgl(args, prompts, outputs)
+        print(json.dumps(record), flush=True)
     if "hf" in args.peer:
         print(json.dumps(run_hf(args, prompts, outputs)), flush=True)
     return 0

@@ -400,12 +400,14 @@ def decode_attention(
     mid_lse: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int = 3,
 ) -> torch.Tensor:
     """One query token per request, q [B, Hq, D], attending to all `seq_lens[b]` cached positions.
 
     `num_splits` is a launch constant (no data-dependent grid, so CUDA graphs can capture it).
     `mid_o`/`mid_lse` may be larger than needed (static graph buffers): only [:B, :, :num_splits]
-    is touched.
+    is touched. `block_n`/`num_warps`/`num_stages` override the tuned launch (sweeps).
     """
     num_heads, num_kv_heads, head_dim = _check_layout(q, k_cache, v_cache)
     assert 1 <= num_splits
@@ -437,8 +439,8 @@ def decode_attention(
         PRECISION=_precision(q.dtype),
         # H200 sweep: 2 warps / 3 stages best or tied from batch 1 to 256 (4 warps up to 10%
         # slower at D 64, 8 warps up to 60% slower); wider heads get 4 to keep tiles in registers.
-        num_warps=2 if head_dim <= 128 else 4,
-        num_stages=3,
+        num_warps=num_warps or (2 if head_dim <= 128 else 4),
+        num_stages=num_stages,
     )  # fmt: skip
     _decode_reduce_kernel[(batch_size, num_heads)](
         mid_o, mid_lse, out,

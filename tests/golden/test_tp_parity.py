@@ -1,7 +1,8 @@
 """Tensor parallelism over gloo, offline: every rank runs the real scheduler and engine on its
 shard; greedy token ids equal TP=1 token for token on tiny random Llama (tied embeddings, llama3
 rope scaling) and Qwen3 (q/k norms, head_dim != hidden / heads) split over 2 ranks, and on Llama
-split over 4 ranks, where its 2 key/value heads are replicated (two ranks share each)."""
+split over 4 ranks, where its 2 key/value heads are replicated (two ranks share each). With two
+CUDA devices, the same check over NCCL in fp32 (rank r on GPU r, CUDA graphs on)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from minisgl import LLM, SamplingParams
 from minisgl.engine.config import EngineConfig
@@ -28,7 +30,10 @@ def _prompts() -> list[list[int]]:
     return [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 9, 40)]
 
 
-def _engine_config(model_dir: str, rank: int = 0, size: int = 1) -> EngineConfig:
+def _engine_config(model_dir: str, rank: int = 0, size: int = 1, device: str = "cpu") -> EngineConfig:
+    if device == "cuda":
+        return EngineConfig(model=model_dir, device=f"cuda:{rank}", dtype="float32", page_size=16,
+                            num_pages=64, tp_rank=rank, tp_size=size, cuda_graph_max_bs=8)  # fmt: skip
     return EngineConfig(model=model_dir, device="cpu", page_size=4, num_pages=64, tp_rank=rank, tp_size=size)
 
 
@@ -37,13 +42,18 @@ def _greedy(llm: LLM) -> list[list[int]]:
     return [out["token_ids"] for out in llm.generate(_prompts(), params, use_tqdm=False)]
 
 
-def _rank_main(rank: int, size: int, model_dir: str, port: int, results: Any) -> None:
+def _rank_main(rank: int, size: int, model_dir: str, port: int, results: Any, device: str) -> None:
     """One TP rank (spawned): join the group through the store, run the prompts, report."""
     try:
         from minisgl.distributed.group import Rendezvous, init_tp_group
 
-        init_tp_group(Rendezvous("127.0.0.1", port, "parity", RANK_TIMEOUT), rank, size, "gloo")
-        llm = LLM(engine_config=_engine_config(model_dir, rank, size))
+        if device == "cuda":
+            import torch
+
+            torch.cuda.set_device(rank)
+        backend = "nccl" if device == "cuda" else "gloo"
+        init_tp_group(Rendezvous("127.0.0.1", port, "parity", RANK_TIMEOUT), rank, size, backend)
+        llm = LLM(engine_config=_engine_config(model_dir, rank, size, device))
         params = sum(p.numel() for p in llm.engine.model.parameters())
         results.put((rank, _greedy(llm), params))
     except BaseException as exc:
@@ -51,13 +61,13 @@ def _rank_main(rank: int, size: int, model_dir: str, port: int, results: Any) ->
         raise
 
 
-def _run_tp(model_dir: Path, size: int) -> dict[int, tuple[Any, int]]:
+def _run_tp(model_dir: Path, size: int, device: str = "cpu") -> dict[int, tuple[Any, int]]:
     from minisgl.distributed.group import host_store
 
     store = host_store("127.0.0.1", 0)  # kept alive until every rank is done
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(rank, size, str(model_dir), store.port, results))
+    procs = [ctx.Process(target=_rank_main, args=(rank, size, str(model_dir), store.port, results, device))
              for rank in range(size)]  # fmt: skip
     for proc in procs:
         proc.start()
@@ -89,3 +99,19 @@ def test_tp_greedy_equals_tp1(tmp_path: Path, arch: str, size: int) -> None:
         assert ids == expected, f"{arch} TP={size}: rank {rank} decoded differently from TP=1"
         # Each rank holds its shard, not a full copy (norms and replicated KV heads aside).
         assert params < full_params * 0.75, f"rank {rank} holds {params} of {full_params} parameters"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_tp2_on_two_gpus_equals_tp1(tmp_path: Path, arch: str) -> None:
+    """NCCL, fp32, Triton attention and CUDA graphs: TP=2 over two GPUs == TP=1 on one."""
+    make_tiny_model(arch, tmp_path)
+    reference = LLM(engine_config=_engine_config(str(tmp_path), device="cuda"))
+    expected = _greedy(reference)
+    assert reference.engine.device.type == "cuda" and reference.engine.attn_name == "triton"
+    del reference
+    torch.cuda.empty_cache()
+    got = _run_tp(tmp_path, 2, device="cuda")
+    for rank, (ids, _params) in sorted(got.items()):
+        assert ids == expected, f"{arch} TP=2 on two GPUs: rank {rank} decoded differently from TP=1"

@@ -1,0 +1,67 @@
+"""Launch-parameter sweep of the split-K decode attention on the GPU, on the shapes the offline
+benchmark spends its time in (Qwen3-0.6B: 8 KV heads, 16 q heads, head_dim 128, bf16, 16-token
+pages scattered over a large pool). `python scripts/sweep_decode_attention.py`
+
+For each (batch, context) it prints the default launch and the best few of the swept ones, in us
+per call and in TB/s of K/V read (graph-replayed, so launch overhead is what a CUDA graph sees)."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+import triton
+
+from minisgl.kernels.attention import decode_attention, decode_num_splits
+
+HQ, HKV, D, PAGE = 16, 8, 128, 16
+SHAPES = [(256, 512), (256, 900), (128, 1000), (64, 1200), (32, 1000), (8, 1000), (1, 1100)]
+
+
+def bench(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(10):
+            fn()
+    return triton.testing.do_bench(graph.replay, warmup=10, rep=40) / 10 * 1e3  # us per call
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    num_pages = 70_000  # like the engine's pool on an H200 (one layer's K and V: ~4.6 GB each)
+    k = torch.randn(num_pages * PAGE, HKV, D, device=dev, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    print(f"{'bs':>4} {'ctx':>5} {'splits':>6} {'blk':>4} {'w':>2} {'st':>2} {'us':>8} {'TB/s':>6}")
+    for bs, ctx in SHAPES:
+        pages_per_req = triton.cdiv(ctx, PAGE)
+        perm = torch.randperm(num_pages, device=dev)[: bs * pages_per_req].view(bs, pages_per_req)
+        table = (perm[:, :, None] * PAGE + torch.arange(PAGE, device=dev)).view(bs, -1)[:, :ctx].to(torch.int32).contiguous()
+        rows = torch.arange(bs, device=dev, dtype=torch.int32)
+        seq_lens = torch.full((bs,), ctx, device=dev, dtype=torch.int32)
+        q = torch.randn(bs, HQ, D, device=dev, dtype=torch.bfloat16)
+        out = torch.empty_like(q)
+        nbytes = 2 * bs * ctx * HKV * D * 2
+        default_splits = decode_num_splits(bs, HKV, D, None, dev)
+        results = []
+        for splits, blk, warps, stages in itertools.product(
+            sorted({default_splits, max(1, default_splits // 2), min(64, default_splits * 2)}), (32, 64, 128), (2, 4, 8), (2, 3, 4)
+        ):
+            if splits > 1 and ctx // splits < 64:
+                continue
+            try:
+                us = bench(lambda: decode_attention(q, k, v, table, rows, seq_lens, 0.088, num_splits=splits,
+                                                    out=out, block_n=blk, num_warps=warps, num_stages=stages))  # fmt: skip
+            except Exception as exc:  # out of shared memory for big tiles x stages
+                print(f"  skip splits={splits} blk={blk} w={warps} st={stages}: {type(exc).__name__}")
+                continue
+            results.append((us, splits, blk, warps, stages))
+        default = next(r for r in results if r[1:] == (default_splits, 64, 2, 3))
+        for tag, (us, splits, blk, warps, stages) in [("default", default)] + [("", r) for r in sorted(results)[:4]]:
+            print(f"{bs:>4} {ctx:>5} {splits:>6} {blk:>4} {warps:>2} {stages:>2} {us:>8.1f} {nbytes / us / 1e6:>6.2f} {tag}")
+
+
+if __name__ == "__main__":
+    main()
