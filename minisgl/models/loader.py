@@ -32,6 +32,7 @@ class LazyTensor:
     `materialize()` for the full tensor."""
 
     def __init__(self, handle: object, name: str) -> None:
+        self.name = name
         self._slice = handle.get_slice(name)  # type: ignore[attr-defined]
         self.shape = torch.Size(self._slice.get_shape())
 
@@ -64,13 +65,15 @@ def iter_checkpoint(
 
 
 def _takes_lazy(param: nn.Parameter) -> bool:
-    """Loaders that only narrow or slice what they get (the TP-sharded linear layers and the
-    vocabulary-parallel embedding); everything else gets the full tensor."""
+    """Loaders that only narrow or slice what they get (the TP-sharded linear layers, the
+    vocabulary-parallel embedding and the experts' intermediate-dim shards); everything else
+    (norms, the router: replicated on every rank) gets the full tensor."""
     from minisgl.layers.embedding import VocabParallelEmbedding
     from minisgl.layers.linear import ColumnParallelLinear, RowParallelLinear
+    from minisgl.layers.moe import ExpertDown, ExpertGateUp
 
     owner = getattr(getattr(param, "weight_loader", None), "__self__", None)
-    return isinstance(owner, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding))
+    return isinstance(owner, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, ExpertGateUp, ExpertDown))
 
 
 def _target(model: nn.Module, name: str) -> tuple[str, str | int | None] | None:
