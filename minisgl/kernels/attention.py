@@ -155,6 +155,7 @@ def _decode_split_kernel(
     v_ptr,
     mid_o_ptr,
     mid_lse_ptr,
+    o_ptr,
     table_ptr,
     rows_ptr,
     seq_lens_ptr,
@@ -170,6 +171,8 @@ def _decode_split_kernel(
     stride_mos,
     stride_mlb,
     stride_mlh,
+    stride_ob,
+    stride_oh,
     stride_table,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -179,7 +182,8 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """Stage 1: partial attention of all q heads of one kv head over one split of the sequence."""
+    """Stage 1: partial attention of all q heads of one kv head over one split of the sequence.
+    With a single split the partial result is the answer: it goes straight to `o` (no stage 2)."""
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -216,6 +220,10 @@ def _decode_split_kernel(
 
     # Store the normalized partial output and its base-2 log-sum-exp (-inf for an empty split).
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    if NUM_SPLITS == 1:  # seq_len 0 (a padded graph entry) gives 0, as stage 2 would
+        o_ptrs = o_ptr + req.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
+        return
     lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
     mo_ptrs = mid_o_ptr + req * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :]
     tl.store(mo_ptrs, out, mask=h_mask[:, None] & d_mask[None, :])
@@ -424,12 +432,12 @@ def decode_attention(
     block_d = _block_d(head_dim)
     block_n = block_n or (16 if _SMALL_BLOCKS else 32 if head_dim > 128 else 64)
     _decode_split_kernel[(batch_size, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, mid_o, mid_lse,
+        q, k_cache, v_cache, mid_o, mid_lse, out,
         token_table, rows, seq_lens,
         sm_scale * _LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        token_table.stride(0),
+        out.stride(0), out.stride(1), token_table.stride(0),
         GROUP=group,
         HEAD_DIM=head_dim,
         NUM_SPLITS=num_splits,
@@ -442,6 +450,8 @@ def decode_attention(
         num_warps=num_warps or (2 if head_dim <= 128 else 4),
         num_stages=num_stages,
     )  # fmt: skip
+    if num_splits == 1:
+        return out
     _decode_reduce_kernel[(batch_size, num_heads)](
         mid_o, mid_lse, out,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),

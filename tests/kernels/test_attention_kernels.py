@@ -195,6 +195,7 @@ DECODE_CPU_CASES = [
     ([5, 300, 64, 17], 4, (3, 1), 128, 16),
     ([129, 1, 200], 3, (8, 2), 64, 1),
     ([90, 33], 16, (9, 3), 64, 16),
+    ([5, 300, 64, 17], 1, (4, 2), 128, 16),  # one split: stage 1 writes the output itself
 ]
 
 
@@ -207,13 +208,14 @@ def test_decode_matches_ref(
     assert_close(out, ref, torch.float32)
 
 
-def test_decode_static_buffers_and_empty_entries() -> None:
+@pytest.mark.parametrize("num_splits", [5, 1])
+def test_decode_static_buffers_and_empty_entries(num_splits: int) -> None:
     """Graph-style launch: oversized scratch buffers, and a padded entry with seq_len 0 gives zeros."""
     case = build_case([40, 7], [1, 1], 4, 1, 64, 16, torch.float32, seed=2)
     case.seq_lens[1] = 0
     mid_o, mid_lse = alloc_decode_buffers(6, 4, 64, MAX_DECODE_SPLITS, DEVICE)
     mid_lse.fill_(float("nan"))  # stale contents must not leak into the result
-    out, ref = run_decode(case, 0.125, num_splits=5, block_n=16, mid_o=mid_o, mid_lse=mid_lse)
+    out, ref = run_decode(case, 0.125, num_splits=num_splits, block_n=16, mid_o=mid_o, mid_lse=mid_lse)
     assert_close(out, ref, torch.float32)
     assert torch.all(out[1] == 0)
 
