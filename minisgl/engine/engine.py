@@ -159,6 +159,13 @@ class Engine:
         if self.context_len < self.model_config.context_len:
             logger.info("serving a context of %d tokens (model: %d)", self.context_len, self.model_config.context_len)
 
+        if self.platform.name == "cpu" and self.dtype == torch.bfloat16:
+            # Built (or loaded from the extension cache) before the layers pick their kernels.
+            from minisgl.kernels import cpu_ops
+
+            start = time.perf_counter()
+            if cpu_ops.enabled():
+                logger.info("bf16 CPU kernels ready in %.1f s", time.perf_counter() - start)
         torch.manual_seed(config.seed)
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
@@ -199,12 +206,6 @@ class Engine:
         self._events = [self.platform.new_event(), self.platform.new_event()]
         self._step_parity = 0
         self.runner = self._make_runner()
-        if self.platform.name == "cpu" and self.dtype == torch.bfloat16:
-            from minisgl.kernels import cpu_gemv
-
-            start = time.perf_counter()
-            if shapes := cpu_gemv.warm_up(self.model):
-                logger.info("compiled the CPU GEMV for %d weight shapes in %.1f s", shapes, time.perf_counter() - start)
         logger.info(
             "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s",
             self.model_config.architecture, self.device, str(self.dtype).replace("torch.", ""),

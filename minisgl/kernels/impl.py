@@ -1,4 +1,5 @@
-"""Which implementation of a fused op a layer runs: the Triton kernel or its plain-torch reference.
+"""Which implementation of a fused op a layer runs: the Triton kernel, the bf16 CPU kernel
+(`kernels/cpu_ops.py`) or the plain-torch reference.
 
 Layers ask once, in `__init__`, with the device their tensors live on, so the forward pass carries
 no per-call dispatch and the CPU path never imports triton (it is a test extra, not a dependency).
@@ -12,7 +13,7 @@ from typing import Literal
 
 import torch
 
-KernelImpl = Literal["auto", "triton", "torch"]
+KernelImpl = Literal["auto", "triton", "cpu", "torch"]
 
 
 @functools.cache
@@ -20,16 +21,26 @@ def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def resolve_impl(impl: KernelImpl, device: torch.device) -> Literal["triton", "torch"]:
-    """`auto`: Triton on CUDA when triton is installed (unless MINISGL_FUSED_KERNELS=0), the
-    reference otherwise. The CPU default is the reference because the Triton interpreter is for tests only, far too slow to serve; tests
-    ask for `triton` explicitly to run the interpreted kernels through the layers."""
+def resolve_impl(impl: KernelImpl, device: torch.device) -> Literal["triton", "cpu", "torch"]:
+    """`auto`: Triton on CUDA when triton is installed (unless MINISGL_FUSED_KERNELS=0); on CPU
+    the C++ kernels when the model is built in bf16 (the default dtype while the engine builds it)
+    and they are available (unless MINISGL_CPU_KERNELS=0), else the reference. fp32 on CPU is the
+    exact-parity mode: always the reference. The Triton interpreter is for tests only, far too
+    slow to serve; tests ask for `triton` explicitly to run the interpreted kernels."""
     if impl == "torch":
         return "torch"
+    if impl == "cpu":
+        return "cpu"
     if impl == "triton":
         if not triton_installed():
             raise ValueError("impl='triton' was asked for but triton is not installed")
         return "triton"
     from minisgl.env import ENV
 
-    return "triton" if device.type == "cuda" and ENV.fused_kernels and triton_installed() else "torch"
+    if device.type == "cuda":
+        return "triton" if ENV.fused_kernels and triton_installed() else "torch"
+    if device.type == "cpu" and torch.get_default_dtype() == torch.bfloat16:
+        from minisgl.kernels import cpu_ops
+
+        return "cpu" if cpu_ops.enabled() else "torch"
+    return "torch"

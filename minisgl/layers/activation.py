@@ -15,7 +15,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 class SiluAndMul(nn.Module):
-    """silu(gate) * up for x = [gate | up]: one Triton launch on CUDA, the reference on CPU.
+    """silu(gate) * up for x = [gate | up]: one Triton launch on CUDA, a C++ kernel on CPU in
+    bf16, the reference otherwise.
 
     It has no tensors to tell its device, so it takes the device the model is being built on
     (`torch.device(...)` context, as the engine builds it) unless one is given."""
@@ -29,6 +30,10 @@ class SiluAndMul(nn.Module):
             from minisgl.kernels.activation import silu_and_mul as silu_and_mul_triton
 
             self._fn = silu_and_mul_triton
+        elif self.impl == "cpu":
+            from minisgl.kernels import cpu_ops
+
+            self._fn = cpu_ops.silu_and_mul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._fn(x)

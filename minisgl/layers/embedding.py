@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import all_gather_last_dim, all_reduce, get_tp_info
-from minisgl.kernels import cpu_gemv
+from minisgl.kernels import cpu_ops
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -42,7 +42,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Output projection over the (sharded) vocabulary; logits gathered to full vocab on every rank."""
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = cpu_gemv.linear(hidden, self.weight)
+        logits = cpu_ops.linear(hidden, self.weight)
         if self.tp_size > 1:
             logits = all_gather_last_dim(logits)
         return logits[..., : self.vocab_size]

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import all_reduce, divide, get_tp_info
-from minisgl.kernels import cpu_gemv
+from minisgl.kernels import cpu_ops
 
 WeightLoader = Callable[..., None]
 
@@ -45,7 +45,7 @@ class ColumnParallelLinear(nn.Module):
         _copy(param, loaded.narrow(0, self.tp_rank * self.out_per_rank, self.out_per_rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return cpu_gemv.linear(x, self.weight, self.bias)
+        return cpu_ops.linear(x, self.weight, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -111,7 +111,7 @@ class RowParallelLinear(nn.Module):
         _copy(param, loaded.narrow(1, self.tp_rank * self.in_per_rank, self.in_per_rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = cpu_gemv.linear(x, self.weight)
+        out = cpu_ops.linear(x, self.weight)
         out = all_reduce(out)
         # Bias is added once, after the reduction.
         return out if self.bias is None else out + self.bias

@@ -16,7 +16,8 @@ class RMSNorm(nn.Module):
     """RMSNorm computed in fp32, as Hugging Face does, with an optional fused residual add.
 
     The implementation is chosen once here from the weight's device (`kernels.impl`): one Triton
-    launch on CUDA, the plain-torch reference (HF's exact math) on CPU."""
+    launch on CUDA, a C++ kernel on CPU in bf16, the plain-torch reference (HF's exact math) in
+    fp32 on CPU."""
 
     def __init__(self, size: int, eps: float, impl: KernelImpl = "auto") -> None:
         super().__init__()
@@ -30,6 +31,10 @@ class RMSNorm(nn.Module):
             from minisgl.kernels.norm import fused_add_rms_norm, rms_norm
 
             self._norm, self._add_norm = rms_norm, fused_add_rms_norm
+        elif self.impl == "cpu":
+            from minisgl.kernels import cpu_ops
+
+            self._norm, self._add_norm = cpu_ops.rms_norm, cpu_ops.fused_add_rms_norm
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None

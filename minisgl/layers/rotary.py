@@ -40,8 +40,8 @@ class RotaryEmbedding(nn.Module):
     """Neox-style rotary embedding (rotate halves) with a cos/sin table indexed by position.
 
     The implementation is chosen once here from the table's device (`kernels.impl`): one Triton
-    launch for q and k on CUDA (fused with Qwen3's q/k norms in `forward_qk_norm`), the
-    plain-torch reference on CPU."""
+    launch for q and k on CUDA (fused with Qwen3's q/k norms in `forward_qk_norm`), a C++ kernel
+    on CPU in bf16, the plain-torch reference otherwise."""
 
     def __init__(
         self,
@@ -68,6 +68,10 @@ class RotaryEmbedding(nn.Module):
             from minisgl.kernels.rotary import qk_norm_rotary, rotary
 
             self._rotary, self._qk_norm_rotary = rotary, qk_norm_rotary
+        elif self.impl == "cpu":
+            from minisgl.kernels import cpu_ops
+
+            self._rotary, self._qk_norm_rotary = cpu_ops.rotary, cpu_ops.qk_norm_rotary
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, Hq, D], k: [T, Hk, D] (views of a fused qkv buffer are fine) -> new tensors."""
