@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 
+from minisgl.kernels.cpu_ops import AVX512_MATH
 from minisgl.utils.logging import get_logger
 
 logger = get_logger(__name__)
 
-_SOURCE = r"""
+_SOURCE = AVX512_MATH + r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <cmath>
@@ -93,6 +94,87 @@ static void decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at
   });
 }
 
+#if defined(__AVX512BF16__)
+// bf16, head_dim % 32 == 0, G <= 8: q.k with `vdpbf16ps` (products of the bf16 inputs are exact in
+// fp32), a vectorised two-pass softmax, p.v accumulated in fp32 registers/L1.
+static void decode_bf16_avx512(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                               const at::Tensor& table, const at::Tensor& rows, const at::Tensor& seq_lens,
+                               double scale, at::Tensor& out) {
+  using bf16 = at::BFloat16;
+  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
+  const int64_t Hkv = k_cache.size(1), G = Hq / Hkv, C = D / 32;
+  const bf16* qp = q.data_ptr<bf16>();
+  const bf16* kp = k_cache.data_ptr<bf16>();
+  const bf16* vp = v_cache.data_ptr<bf16>();
+  const int32_t* tp = table.data_ptr<int32_t>();
+  const int64_t* rp = rows.data_ptr<int64_t>();
+  const int32_t* lp = seq_lens.data_ptr<int32_t>();
+  bf16* op = out.data_ptr<bf16>();
+  const int64_t q_sb = q.stride(0), q_sh = q.stride(1);
+  const int64_t kv_ss = k_cache.stride(0), kv_sh = k_cache.stride(1);
+  const int64_t t_sr = table.stride(0);
+  const int64_t o_sb = out.stride(0), o_sh = out.stride(1);
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    alignas(64) float acc[8 * 512];
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / Hkv, h = task % Hkv;
+      const int64_t L = lp[b];
+      const int32_t* slots = tp + rp[b] * t_sr;
+      __m512bh qv[8][8];
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t c = 0; c < C; ++c)
+          qv[g][c] = (__m512bh)_mm512_loadu_si512(qp + b * q_sb + (h * G + g) * q_sh + c * 32);
+      const int64_t Lp = (L + 15) / 16 * 16;
+      scores.assign(G * Lp, -INFINITY);
+      float m[8];
+      for (int64_t g = 0; g < G; ++g) m[g] = -INFINITY;
+      for (int64_t l = 0; l < L; ++l) {
+        const bf16* kr = kp + static_cast<int64_t>(slots[l]) * kv_ss + h * kv_sh;
+        __m512bh kv[8];
+        for (int64_t c = 0; c < C; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(kr + c * 32);
+        for (int64_t g = 0; g < G; ++g) {
+          __m512 a = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[g][0], kv[0]);
+          for (int64_t c = 1; c < C; ++c) a = _mm512_dpbf16_ps(a, qv[g][c], kv[c]);
+          const float s = _mm512_reduce_add_ps(a) * sc;
+          scores[g * Lp + l] = s;
+          m[g] = std::max(m[g], s);
+        }
+      }
+      float inv[8];
+      for (int64_t g = 0; g < G; ++g) {
+        float* sg = scores.data() + g * Lp;
+        const __m512 mv = _mm512_set1_ps(m[g]);
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t l = 0; l < Lp; l += 16) {  // padding holds -inf: exp gives 0
+          const __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(sg + l), mv));
+          _mm512_storeu_ps(sg + l, e);
+          sum = _mm512_add_ps(sum, e);
+        }
+        const float total = _mm512_reduce_add_ps(sum);
+        inv[g] = total > 0.f ? 1.f / total : 0.f;
+      }
+      std::fill(acc, acc + G * D, 0.f);
+      for (int64_t l = 0; l < L; ++l) {
+        const bf16* vr = vp + static_cast<int64_t>(slots[l]) * kv_ss + h * kv_sh;
+        __m512 vv[16];
+        for (int64_t c = 0; c < D / 16; ++c) vv[c] = bf16x16_to_ps(vr + c * 16);
+        for (int64_t g = 0; g < G; ++g) {
+          const __m512 pb = _mm512_set1_ps(scores[g * Lp + l]);
+          float* ag = acc + g * D;
+          for (int64_t c = 0; c < D / 16; ++c)
+            _mm512_storeu_ps(ag + c * 16, _mm512_fmadd_ps(pb, vv[c], _mm512_loadu_ps(ag + c * 16)));
+        }
+      }
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t d = 0; d < D; ++d)
+          op[b * o_sb + (h * G + g) * o_sh + d] = static_cast<bf16>(acc[g * D + d] * inv[g]);
+    }
+  });
+}
+#endif
+
 at::Tensor decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor table,
                             at::Tensor rows, at::Tensor seq_lens, double scale) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && q.size(2) == k_cache.size(2) && q.size(2) <= 512);
@@ -102,6 +184,13 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache
   TORCH_CHECK(table.stride(1) == 1 && rows.is_contiguous() && seq_lens.is_contiguous());
   at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
   if (q.scalar_type() == at::kBFloat16) {
+#if defined(__AVX512BF16__)
+    const int64_t D = q.size(2), G = q.size(1) / k_cache.size(1);
+    if (D % 32 == 0 && D <= 256 && G <= 8 && q.stride(2) == 1) {
+      decode_bf16_avx512(q, k_cache, v_cache, table, rows, seq_lens, scale, out);
+      return out;
+    }
+#endif
     decode_impl<at::BFloat16>(q, k_cache, v_cache, table, rows, seq_lens, scale, out);
   } else if (q.scalar_type() == at::kFloat) {
     decode_impl<float>(q, k_cache, v_cache, table, rows, seq_lens, scale, out);

@@ -12,7 +12,10 @@ per token, and each torch.compile'd region adds ~50 us of wrapper. Here each op 
 - rotary: cos/sin rounded to bf16, each product rounded, the sum rounded (the reference's
   eager bf16 ops), neox halves.
 - SiLU-and-mul: silu(gate) rounded to bf16, times up, rounded.
-- GEMV (one row): fp32 dot products (AVX-512 BF16 `vdpbf16ps` where the CPU has it), rounded once.
+- GEMV (one row) and small GEMM (up to `SMALL_GEMM_ROWS` rows, register tiles of 4 weight rows x
+  6 input rows): fp32 dot products (AVX-512 BF16 `vdpbf16ps` where the CPU has it), rounded once.
+- exp for SiLU and the CPU decode attention's softmax: a vectorised 2^n * 2^f with a degree-6
+  series (~1e-7 relative), `AVX512_MATH` below.
 
 The references (`kernels/*_ref.py`) are the oracles (tests/unit/test_cpu_ops.py). Only bf16 takes
 this path; fp32 stays on the references, the exact-parity mode. Off: MINISGL_CPU_KERNELS=0.
@@ -30,13 +33,49 @@ from minisgl.utils.logging import get_logger
 
 logger = get_logger(__name__)
 
-_SOURCE = r"""
+# Vector math shared by the C++ CPU kernels (this module's and `cpu_attention`'s), prepended to
+# their sources. Compiled only where the CPU has AVX-512 BF16 (`-march=native`).
+AVX512_MATH = r"""
+#include <torch/extension.h>
+#include <cmath>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+// exp(x) (x <= 0 in softmax after the max shift; larger x is fine up to overflow to inf): 2^(x log2 e) = 2^n * 2^f, n = round, |f| <= 1/2,
+// 2^f by its degree-6 Taylor series in f ln 2 (truncation ~1e-7 relative), scaled by 2^n.
+static inline __m512 exp_neg(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-100.f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 fr = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381609e-4f);  // ln2^6 / 6!
+  p = _mm512_fmadd_ps(p, fr, _mm512_set1_ps(1.3333558146428443e-3f));  // ln2^5 / 5!
+  p = _mm512_fmadd_ps(p, fr, _mm512_set1_ps(9.6181291076284772e-3f));  // ln2^4 / 4!
+  p = _mm512_fmadd_ps(p, fr, _mm512_set1_ps(5.5504108664821580e-2f));  // ln2^3 / 3!
+  p = _mm512_fmadd_ps(p, fr, _mm512_set1_ps(2.4022650695910071e-1f));  // ln2^2 / 2!
+  p = _mm512_fmadd_ps(p, fr, _mm512_set1_ps(6.9314718055994531e-1f));  // ln2
+  p = _mm512_fmadd_ps(p, fr, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+static inline __m512 bf16x16_to_ps(const at::BFloat16* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+// fp32 -> bf16 (round to nearest even) -> fp32, 16 lanes: the reference's rounding points.
+static inline __m512 round_bf16(__m512 x) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x)), 16));
+}
+#endif
+"""
+
+_SOURCE = AVX512_MATH + r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <tuple>
 
 using bf16 = at::BFloat16;
@@ -89,6 +128,86 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const c10::optional<at
       op[n] = bf16(bp ? r(s) + f(bp[n]) : s);  // with a bias: as F.linear's out + bias in bf16
     }
   });
+  return out;
+}
+
+// x [M, K] (rows unit-stride), w [N, K] -> [M, N], for a few rows (a decode batch): register tiles
+// of 2 weight rows x up to 8 input rows (16 fp32 accumulators), so each weight chunk loaded from
+// memory feeds up to 16 dot-product instructions; threads split the weight rows. K % 32 == 0.
+bool has_bf16_dot() {
+#if defined(__AVX512BF16__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+#if defined(__AVX512BF16__)
+template <int NB, int MB>
+static inline void tile(const bf16* x, int64_t xs, const bf16* w, int64_t ws, int64_t K, float* res) {
+  __m512 acc[NB][MB];
+  for (int j = 0; j < NB; ++j)
+    for (int i = 0; i < MB; ++i) acc[j][i] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    __m512bh wv[NB];
+    for (int j = 0; j < NB; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(w + j * ws + k);
+    for (int i = 0; i < MB; ++i) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i * xs + k);
+      for (int j = 0; j < NB; ++j) acc[j][i] = _mm512_dpbf16_ps(acc[j][i], wv[j], xv);
+    }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < NB; ++j) res[i * NB + j] = _mm512_reduce_add_ps(acc[j][i]);
+}
+
+template <int NB, int MB, typename Put>
+static void gemm_tiles(const bf16* xp, int64_t xs, const bf16* wp, int64_t ws, int64_t M, int64_t N, int64_t K,
+                       const Put& put) {
+  at::parallel_for(0, (N + NB - 1) / NB, 4, [&](int64_t begin, int64_t end) {
+    float res[NB * MB];
+    for (int64_t blk = begin; blk < end; ++blk) {
+      const int64_t n = blk * NB;
+      if (n + NB > N) {  // the last, partial block of weight rows
+        for (int64_t nn = n; nn < N; ++nn)
+          for (int64_t m = 0; m < M; ++m) put(m, nn, dot(wp + nn * ws, xp + m * xs, K));
+        continue;
+      }
+      int64_t m0 = 0;
+      for (; m0 + MB <= M; m0 += MB) {
+        tile<NB, MB>(xp + m0 * xs, xs, wp + n * ws, ws, K, res);
+        for (int64_t i = 0; i < MB; ++i)
+          for (int64_t j = 0; j < NB; ++j) put(m0 + i, n + j, res[i * NB + j]);
+      }
+      for (; m0 < M; ++m0) {  // leftover input rows, one at a time
+        tile<NB, 1>(xp + m0 * xs, xs, wp + n * ws, ws, K, res);
+        for (int64_t j = 0; j < NB; ++j) put(m0, n + j, res[j]);
+      }
+    }
+  });
+}
+#endif
+
+at::Tensor gemm_rows(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  check_bf16(x, "gemm x");
+  check_bf16(w, "gemm weight");
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && w.size(1) == x.size(1), "gemm: x [M, K], w [N, K]");
+  TORCH_CHECK(w.stride(1) == 1 && x.stride(1) == 1 && x.size(1) % 32 == 0, "gemm: unit stride along K, K % 32 == 0");
+  TORCH_CHECK(has_bf16_dot(), "gemm: needs AVX-512 BF16");
+  const int64_t M = x.size(0), N = w.size(0), K = w.size(1), ws = w.stride(0), xs = x.stride(0);
+  at::Tensor out = at::empty({M, N}, x.options());
+  const bf16* xp = x.data_ptr<bf16>();
+  const bf16* wp = w.data_ptr<bf16>();
+  const bf16* bp = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    check_bf16(*bias, "gemm bias");
+    TORCH_CHECK(bias->numel() == N && bias->is_contiguous(), "gemm: bias [N]");
+    bp = bias->data_ptr<bf16>();
+  }
+  bf16* op = out.data_ptr<bf16>();
+  auto put = [&](int64_t m, int64_t n, float s) { op[m * N + n] = bf16(bp ? r(s) + f(bp[n]) : s); };
+#if defined(__AVX512BF16__)
+  gemm_tiles<4, 6>(xp, xs, wp, ws, M, N, K, put);
+#endif
   return out;
 }
 
@@ -224,11 +343,24 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
   at::Tensor out = at::empty({T, I}, x.options());
   const bf16* xp = xs.data_ptr<bf16>();
   bf16* op = out.data_ptr<bf16>();
-  at::parallel_for(0, T * I, 16384, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      const int64_t t = j / I, i = j % I;
-      const float g = f(xp[t * xstride + i]), u = f(xp[t * xstride + I + i]);
-      op[j] = bf16(r(g / (1.f + std::exp(-g))) * u);
+  const int64_t chunk = 512;  // columns per task: small rows stay on one thread, batches spread
+  const int64_t per_row = (I + chunk - 1) / chunk;
+  at::parallel_for(0, T * per_row, std::max<int64_t>(1, 8192 / chunk), [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t t = task / per_row, i0 = (task % per_row) * chunk, i1 = std::min(I, i0 + chunk);
+      int64_t i = i0;
+#if defined(__AVX512BF16__)
+      const __m512 one = _mm512_set1_ps(1.f);
+      for (; i + 16 <= i1; i += 16) {
+        const __m512 g = bf16x16_to_ps(xp + t * xstride + i), u = bf16x16_to_ps(xp + t * xstride + I + i);
+        const __m512 s = round_bf16(_mm512_div_ps(g, _mm512_add_ps(one, exp_neg(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(op + t * I + i), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(s, u)));
+      }
+#endif
+      for (; i < i1; ++i) {
+        const float g = f(xp[t * xstride + i]), u = f(xp[t * xstride + I + i]);
+        op[t * I + i] = bf16(r(g / (1.f + std::exp(-g))) * u);
+      }
     }
   });
   return out.view(shape);
@@ -251,7 +383,7 @@ def load() -> Any:
         _module = load_inline(
             name="minisgl_cpu_ops",
             cpp_sources=[_SOURCE],
-            functions=["gemv", "rms_norm", "add_rms_norm", "rotary", "silu_and_mul"],
+            functions=["gemv", "gemm_rows", "has_bf16_dot", "rms_norm", "add_rms_norm", "rotary", "silu_and_mul"],
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             verbose=False,
@@ -322,9 +454,20 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return silu_and_mul_ref(x)
 
 
+# Up to this many rows the register-tiled C++ GEMM beats oneDNN's bf16 GEMM on the CI machine
+# (SmolLM2's layer shapes: 2.2-3x at 2-8 rows, 1.2x at 16, even at 32); beyond, oneDNN.
+SMALL_GEMM_ROWS = 16
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear`; one bf16 row goes through the C++ GEMV (batched rows are compute-bound: the
-    GEMM library wins there)."""
-    if _ready(x) and x.dim() == 2 and x.shape[0] == 1 and weight.dtype == torch.bfloat16 and x.stride(1) == 1 and weight.stride(1) == 1:
-        return _module.gemv(x, weight, bias)
+    """`F.linear`; bf16 with one row goes through the C++ GEMV, with a few rows through the
+    C++ small GEMM (needs AVX-512 BF16 and K % 32 == 0); more rows keep oneDNN's GEMM."""
+    if (
+        _ready(x) and x.dim() == 2 and x.shape[0] <= SMALL_GEMM_ROWS and weight.dtype == torch.bfloat16
+        and x.stride(1) == 1 and weight.stride(1) == 1
+    ):  # fmt: skip
+        if x.shape[0] == 1:
+            return _module.gemv(x, weight, bias)
+        if x.shape[1] % 32 == 0 and _module.has_bf16_dot():
+            return _module.gemm_rows(x, weight, bias)
     return F.linear(x, weight, bias)

@@ -85,12 +85,30 @@ def test_gemv_one_row(n: int, k: int) -> None:
     assert torch.equal(with_bias, (out + bias)), "bias: F.linear's out + bias in bf16"
 
 
+@pytest.mark.parametrize("rows", [2, 7, 13, cpu_ops.SMALL_GEMM_ROWS])
+def test_small_gemm(rows: int) -> None:
+    module = cpu_ops.load()
+    if not module.has_bf16_dot():
+        pytest.skip("no AVX-512 BF16 on this CPU: small batches keep F.linear")
+    torch.manual_seed(rows)
+    n, k = 4 * 37 + 3, 96  # a partial last block of weight rows
+    x, w, bias = torch.randn(rows, k).to(BF16), torch.randn(n, k).to(BF16), torch.randn(n).to(BF16)
+    exact = F.linear(x.double(), w.double())
+    out = cpu_ops.linear(x, w)
+    assert out.shape == (rows, n)
+    assert torch.all((out.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-3 * k**0.5)
+    # Each row equals the one-row GEMV of that row (same fp32 dot products, same rounding).
+    for i in (0, rows - 1):
+        assert torch.allclose(out[i : i + 1].float(), cpu_ops.linear(x[i : i + 1], w).float(), rtol=2**-7, atol=1e-2)
+    assert torch.equal(cpu_ops.linear(x, w, bias), out + bias)
+
+
 def test_other_inputs_take_the_references() -> None:
     """fp32 (the exact mode) and batched rows never reach the C++ kernels."""
     torch.manual_seed(5)
     x32, w32 = torch.randn(1, 64), torch.randn(32, 64)
     assert torch.equal(cpu_ops.linear(x32, w32), F.linear(x32, w32))
-    rows, w16 = torch.randn(3, 64).to(BF16), w32.to(BF16)
+    rows, w16 = torch.randn(cpu_ops.SMALL_GEMM_ROWS + 1, 64).to(BF16), w32.to(BF16)
     assert torch.equal(cpu_ops.linear(rows, w16), F.linear(rows, w16))
     assert torch.equal(cpu_ops.rms_norm(x32, torch.ones(64), 1e-6), rms_norm_ref(x32, torch.ones(64), 1e-6))
     g = torch.randn(2, 128)
