@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install the carried wheels, run the GPU tests, run the benchmarks,
 # print a table last. Usage (through the device tool, with carry [".whl"]):
-#   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,host,check,profile,workload,sweep,
+#   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,host,check,profile,prefill,workload,sweep,
 #                                       bench,bench8b,moe,hf,tp (tp: two GPUs) or all
 # Results land in $OUT (if set) as gpu_tests.log, profile_*.txt and bench.jsonl.
 set -uo pipefail
@@ -38,6 +38,7 @@ if has check; then
         -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 fi
 has sweep && timeout 300 python3 scripts/sweep_decode_attention.py 2>&1 | tee "$OUT/sweep.txt"
+has prefill && timeout 150 python3 scripts/profile_gpu_prefill.py 16 512 2>&1 | grep -v INFO | tee "$OUT/prefill.txt" | head -40
 has workload && timeout 120 python3 scripts/profile_workload.py configs/qwen3-0.6b 2>&1 | grep -v INFO | tee "$OUT/workload.txt"
 if has profile; then
     for shape in ${PROFILE_SHAPES:-1:128 256:512}; do  # batch size:prompt length
@@ -52,7 +53,7 @@ fi
 if has bench; then
     bench qwen3-0.6b 110 $W
     bench bs1-decode 45 --model configs/qwen3-0.6b --dummy-weights --num-seqs 1 --min-input 128 --max-input 128 --min-output 1024 --max-output 1024
-    MINISGL_FUSED_KERNELS=0 bench qwen3-0.6b-unfused 110 $W
+    [ "${UNFUSED:-1}" = 1 ] && MINISGL_FUSED_KERNELS=0 bench qwen3-0.6b-unfused 110 $W  # UNFUSED=0 skips it
     MINISGL_DISABLE_OVERLAP=1 bench qwen3-0.6b-nooverlap 75 $W
     bench qwen3-0.6b-nograph 90 $W --cuda-graph-max-bs 0
 fi

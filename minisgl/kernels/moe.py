@@ -54,7 +54,7 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> E
     return ExpertTiles(sorted_pairs, tile_expert, block_m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])  # varies with the batch
 def _gate_up_silu_kernel(
     x_ptr,
     w_ptr,
@@ -111,7 +111,7 @@ def _gate_up_silu_kernel(
     tl.store(out_ptrs, (silu * up).to(dtype), mask=row_mask[:, None] & col_mask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])  # varies with the batch
 def _down_kernel(
     x_ptr,
     w_ptr,

@@ -19,7 +19,9 @@ import triton.language as tl
 _TILE_ELEMS = 2048
 
 
-@triton.jit
+# Row counts change with every batch: not specialised, or Triton would compile a variant the first
+# time a count is divisible by 16 (or is 1), in the middle of serving.
+@triton.jit(do_not_specialize=["num_rows"])
 def _rms_norm_kernel(
     x_ptr,
     res_ptr,

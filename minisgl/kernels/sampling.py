@@ -27,7 +27,9 @@ _SPLIT = 8192  # vocab entries per program
 _BLOCK = 1024
 
 
-@triton.jit
+# The seed changes every call: not specialised (Triton would otherwise compile a variant the first
+# time a seed is divisible by 16, mid-run).
+@triton.jit(do_not_specialize=["seed"])
 def _gumbel_argmax_kernel(
     logits_ptr,
     temp_ptr,
