@@ -139,7 +139,7 @@ static void decode_bf16_avx512(const at::Tensor& q, const at::Tensor& k_cache, c
           for (int64_t c = 1; c < C; ++c) a = _mm512_dpbf16_ps(a, qv[g][c], kv[c]);
           const float s = _mm512_reduce_add_ps(a) * sc;
           scores[g * Lp + l] = s;
-          m[g] = std::max(m[g], s);
+          if (!(s <= m[g])) m[g] = s;  // a NaN score makes the row NaN, as in the reference
         }
       }
       float inv[8];
@@ -179,9 +179,17 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache
                             at::Tensor rows, at::Tensor seq_lens, double scale) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && q.size(2) == k_cache.size(2) && q.size(2) <= 512);
   TORCH_CHECK(q.stride(2) == 1 && k_cache.stride(2) == 1 && v_cache.stride(2) == 1);
-  TORCH_CHECK(k_cache.strides() == v_cache.strides() && q.size(1) % k_cache.size(1) == 0);
+  TORCH_CHECK(k_cache.size(1) > 0 && k_cache.sizes() == v_cache.sizes() && k_cache.strides() == v_cache.strides()
+              && q.size(1) % k_cache.size(1) == 0, "decode attention: K/V pools of one layout, Hq % Hkv == 0");
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu() && table.device().is_cpu()
+              && rows.device().is_cpu() && seq_lens.device().is_cpu(), "decode attention: CPU tensors");
+  TORCH_CHECK(table.dim() == 2 && rows.numel() >= q.size(0) && seq_lens.numel() >= q.size(0), "decode attention: one row and length per query");
   TORCH_CHECK(table.scalar_type() == at::kInt && rows.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kInt);
   TORCH_CHECK(table.stride(1) == 1 && rows.is_contiguous() && seq_lens.is_contiguous());
+  for (int64_t b = 0; b < q.size(0); ++b) {  // O(B): every read below stays inside the table
+    const int64_t row = rows.data_ptr<int64_t>()[b], len = seq_lens.data_ptr<int32_t>()[b];
+    TORCH_CHECK(row >= 0 && row < table.size(0) && len >= 0 && len <= table.size(1), "decode attention: row or length outside the token table");
+  }
   at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
   if (q.scalar_type() == at::kBFloat16) {
 #if defined(__AVX512BF16__)
@@ -217,7 +225,7 @@ def load() -> Any:
             name="minisgl_cpu_decode_attention",
             cpp_sources=[_SOURCE],
             functions=["decode_attention"],
-            extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
+            extra_cflags=["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             verbose=False,
         )

@@ -43,7 +43,8 @@ AVX512_MATH = r"""
 // exp(x) (x <= 0 in softmax after the max shift; larger x is fine up to overflow to inf): 2^(x log2 e) = 2^n * 2^f, n = round, |f| <= 1/2,
 // 2^f by its degree-6 Taylor series in f ln 2 (truncation ~1e-7 relative), scaled by 2^n.
 static inline __m512 exp_neg(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-100.f));
+  // NaN stays NaN (vmaxps returns its second operand when either is NaN); exp(-104) rounds to 0.
+  x = _mm512_max_ps(_mm512_set1_ps(-104.f), x);
   const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f));
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 fr = _mm512_sub_ps(t, n);
@@ -132,8 +133,8 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const c10::optional<at
 }
 
 // x [M, K] (rows unit-stride), w [N, K] -> [M, N], for a few rows (a decode batch): register tiles
-// of 2 weight rows x up to 8 input rows (16 fp32 accumulators), so each weight chunk loaded from
-// memory feeds up to 16 dot-product instructions; threads split the weight rows. K % 32 == 0.
+// of 4 weight rows x 6 input rows (24 fp32 accumulators), so each weight chunk loaded from memory
+// feeds 6 dot-product instructions; threads split the weight rows. K % 32 == 0.
 bool has_bf16_dot() {
 #if defined(__AVX512BF16__)
   return true;
@@ -225,7 +226,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   check_bf16(x, "rms_norm x");
   check_bf16(w, "rms_norm weight");
   const int64_t H = x.size(-1);
-  TORCH_CHECK(w.numel() == H && w.is_contiguous() && x.stride(-1) == 1, "rms_norm: shapes");
+  TORCH_CHECK(x.dim() >= 1 && H > 0 && w.numel() == H && w.is_contiguous() && x.stride(-1) == 1, "rms_norm: shapes");
   at::Tensor xs = x.reshape({-1, H});
   const int64_t T = xs.size(0), xstride = xs.stride(0);
   at::Tensor out = at::empty({T, H}, x.options());
@@ -248,7 +249,8 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
   check_bf16(residual, "add_rms_norm residual");
   check_bf16(w, "add_rms_norm weight");
   const int64_t H = x.size(-1);
-  TORCH_CHECK(x.sizes() == residual.sizes() && x.is_contiguous() && residual.is_contiguous() && w.numel() == H, "add_rms_norm: shapes");
+  TORCH_CHECK(x.dim() >= 1 && H > 0 && x.sizes() == residual.sizes() && x.is_contiguous() && residual.is_contiguous()
+              && w.numel() == H && w.is_contiguous(), "add_rms_norm: shapes");
   const int64_t T = x.numel() / H;
   at::Tensor out = at::empty_like(x), total = at::empty_like(x);
   const bf16* xp = x.data_ptr<bf16>();
@@ -294,8 +296,16 @@ std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at:
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() && sin.is_contiguous(), "rotary: fp32 tables");
   TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() && positions.numel() == q.size(0), "rotary: int64 positions [T]");
   const int64_t T = q.size(0), Hq = q.size(1), Hk = k.size(1), D = q.size(2), half = D / 2;
-  TORCH_CHECK(cos.size(1) == half, "rotary: table width D/2");
+  TORCH_CHECK(D % 2 == 0 && cos.dim() == 2 && cos.size(1) == half && sin.sizes() == cos.sizes(), "rotary: even D, tables [P, D/2]");
+  TORCH_CHECK(cos.device().is_cpu() && sin.device().is_cpu() && positions.device().is_cpu(), "rotary: CPU tensors");
   const bool norm = q_weight.has_value() && q_weight->defined();
+  if (norm) {
+    TORCH_CHECK(k_weight.has_value() && k_weight->defined(), "rotary: q and k norm weights together");
+    check_bf16(*q_weight, "rotary q norm weight");
+    check_bf16(*k_weight, "rotary k norm weight");
+    TORCH_CHECK(q_weight->numel() == D && k_weight->numel() == D && q_weight->is_contiguous() && k_weight->is_contiguous(),
+                "rotary: per-head norm weights [D]");
+  }
   const bf16* qw = norm ? q_weight->data_ptr<bf16>() : nullptr;
   const bf16* kw = norm ? k_weight->data_ptr<bf16>() : nullptr;
   at::Tensor qo = at::empty({T, Hq, D}, q.options()), ko = at::empty({T, Hk, D}, k.options());
@@ -418,17 +428,29 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if _ready(x) and residual.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16 and x.is_contiguous() and residual.is_contiguous():
+    if (
+        _ready(x) and residual.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
+        and x.is_contiguous() and residual.is_contiguous() and weight.is_contiguous() and x.shape == residual.shape
+    ):  # fmt: skip
         return _module.add_rms_norm(x, residual, weight, eps)
     from minisgl.kernels.norm_ref import fused_add_rms_norm_ref
 
     return fused_add_rms_norm_ref(x, residual, weight, eps)
 
 
+def _rotary_ok(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """What the C++ rotary takes: bf16 [T, H, D] views with unit stride on an even D, fp32 tables."""
+    return (
+        _ready(q) and k.dtype == torch.bfloat16 and q.dim() == k.dim() == 3 and q.shape[-1] % 2 == 0
+        and q.stride(-1) == 1 and k.stride(-1) == 1 and positions.dtype == torch.int64
+        and cos.dtype == sin.dtype == torch.float32
+    )  # fmt: skip
+
+
 def rotary(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if _ready(q) and k.dtype == torch.bfloat16 and positions.dtype == torch.int64:
+    if _rotary_ok(positions, q, k, cos, sin):
         return _module.rotary(positions.contiguous(), q, k, cos, sin, None, None, 0.0, 0.0)
     from minisgl.kernels.rotary_ref import rotary_ref
 
@@ -439,7 +461,7 @@ def qk_norm_rotary(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     q_weight: torch.Tensor, k_weight: torch.Tensor, q_eps: float, k_eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    if _ready(q) and k.dtype == torch.bfloat16 and positions.dtype == torch.int64 and q_weight.dtype == torch.bfloat16:
+    if _rotary_ok(positions, q, k, cos, sin) and q_weight.dtype == k_weight.dtype == torch.bfloat16:
         return _module.rotary(positions.contiguous(), q, k, cos, sin, q_weight, k_weight, q_eps, k_eps)
     from minisgl.kernels.rotary_ref import qk_norm_rotary_ref
 

@@ -52,3 +52,23 @@ def test_backend_uses_the_kernel_for_bf16_only() -> None:
     for dtype, expected in ((torch.bfloat16, True), (torch.float32, False)):
         pool = KVPool(2, 8, 16, 3, 64, dtype, torch.device("cpu"))
         assert TorchAttnBackend(pool, 9, 3, 64, 0.125).cpu_kernel is expected
+
+
+def test_bad_rows_and_lengths_raise() -> None:
+    q, k_cache, v_cache, table, rows, seq_lens = _paged_case(torch.bfloat16, [5, 9])
+    too_long = torch.tensor([5, table.shape[1] + 1], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="outside the token table"):
+        cpu_attention.decode_attention(q, k_cache, v_cache, table, rows, too_long, 0.125)
+    with pytest.raises(RuntimeError, match="outside the token table"):
+        cpu_attention.decode_attention(q, k_cache, v_cache, table, torch.tensor([0, table.shape[0]]), seq_lens, 0.125)
+    with pytest.raises(RuntimeError, match="one layout"):
+        cpu_attention.decode_attention(q, k_cache[:, :0], v_cache[:, :0], table, rows, seq_lens, 0.125)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nan_in_the_cache_reaches_the_output(dtype: torch.dtype) -> None:
+    """A NaN key makes its request's output NaN (as SDPA does), not silently dropped."""
+    q, k_cache, v_cache, table, rows, seq_lens = _paged_case(dtype, [20, 30])
+    k_cache[table[rows[1], 3].long()] = float("nan")
+    out = cpu_attention.decode_attention(q, k_cache, v_cache, table, rows, seq_lens, 0.125)
+    assert torch.isnan(out[1]).all() and not torch.isnan(out[0]).any()

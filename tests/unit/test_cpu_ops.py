@@ -132,3 +132,26 @@ def test_layers_choose_cpu_kernels_in_bf16_only() -> None:
             assert SiluAndMul().impl == "torch"
     finally:
         torch.set_default_dtype(default)
+
+
+def test_bad_shapes_raise_instead_of_crashing() -> None:
+    """Shapes the kernels cannot take are refused with an error (no division by zero, no reads
+    past a buffer); the wrappers send odd head sizes and non-fp32 tables to the references."""
+    module = cpu_ops.load()
+    empty = torch.empty(2, 0, dtype=BF16)
+    with pytest.raises(RuntimeError, match="shapes"):
+        module.add_rms_norm(empty, empty.clone(), torch.empty(0, dtype=BF16), 1e-6)
+    with pytest.raises(RuntimeError, match="shapes"):
+        module.rms_norm(empty, torch.empty(0, dtype=BF16), 1e-6)
+    q, k = torch.randn(1, 2, 7).to(BF16), torch.randn(1, 1, 7).to(BF16)
+    cos = torch.randn(4, 3)
+    with pytest.raises(RuntimeError, match="even D"):
+        module.rotary(torch.tensor([1]), q, k, cos, cos, None, None, 0.0, 0.0)
+    q8, k8 = torch.randn(1, 2, 8).to(BF16), torch.randn(1, 1, 8).to(BF16)
+    with pytest.raises(RuntimeError, match="norm weights"):
+        module.rotary(torch.tensor([1]), q8, k8, torch.randn(4, 4), torch.randn(4, 4), torch.ones(4, dtype=BF16), torch.ones(4, dtype=BF16), 1e-6, 1e-6)
+    # Through the wrapper, tables of another dtype take the reference.
+    cos64, sin64 = torch.randn(4, 4, dtype=torch.float64), torch.randn(4, 4, dtype=torch.float64)
+    got = cpu_ops.rotary(torch.tensor([1]), q8, k8, cos64, sin64)
+    want = rotary_ref(torch.tensor([1]), q8, k8, cos64, sin64)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
