@@ -13,15 +13,12 @@ Off: MINISGL_CPU_ATTN_KERNEL=0.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
+from minisgl.kernels.cpp_ext import CppExtension
 from minisgl.kernels.cpu_ops import AVX512_MATH
-from minisgl.utils.logging import get_logger
-
-logger = get_logger(__name__)
 
 _SOURCE = AVX512_MATH + r"""
 #include <torch/extension.h>
@@ -29,23 +26,35 @@ _SOURCE = AVX512_MATH + r"""
 #include <cmath>
 #include <vector>
 
+// The tensors of one call as pointers and strides: q [B, Hq, D], pools [S, Hkv, D] (K and V share
+// strides), table [R, C] int32 slots, rows [B] int64, seq_lens [B] int32, out [B, Hq, D].
 template <typename T>
-static void decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                        const at::Tensor& table, const at::Tensor& rows, const at::Tensor& seq_lens,
-                        double scale, at::Tensor& out) {
-  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
-  const int64_t Hkv = k_cache.size(1), G = Hq / Hkv;
-  const T* qp = q.data_ptr<T>();
-  const T* kp = k_cache.data_ptr<T>();
-  const T* vp = v_cache.data_ptr<T>();
-  const int32_t* tp = table.data_ptr<int32_t>();
-  const int64_t* rp = rows.data_ptr<int64_t>();
-  const int32_t* lp = seq_lens.data_ptr<int32_t>();
-  T* op = out.data_ptr<T>();
-  const int64_t q_sb = q.stride(0), q_sh = q.stride(1);
-  const int64_t kv_ss = k_cache.stride(0), kv_sh = k_cache.stride(1);
-  const int64_t t_sr = table.stride(0);
-  const int64_t o_sb = out.stride(0), o_sh = out.stride(1);
+struct Paged {
+  int64_t B, Hq, D, Hkv, G;
+  const T *qp, *kp, *vp;
+  const int32_t* tp;
+  const int64_t* rp;
+  const int32_t* lp;
+  T* op;
+  int64_t q_sb, q_sh, kv_ss, kv_sh, t_sr, o_sb, o_sh;
+  Paged(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& table,
+        const at::Tensor& rows, const at::Tensor& seq_lens, at::Tensor& out)
+      : B(q.size(0)), Hq(q.size(1)), D(q.size(2)), Hkv(k_cache.size(1)), G(q.size(1) / k_cache.size(1)),
+        qp(q.data_ptr<T>()), kp(k_cache.data_ptr<T>()), vp(v_cache.data_ptr<T>()), tp(table.data_ptr<int32_t>()),
+        rp(rows.data_ptr<int64_t>()), lp(seq_lens.data_ptr<int32_t>()), op(out.data_ptr<T>()),
+        q_sb(q.stride(0)), q_sh(q.stride(1)), kv_ss(k_cache.stride(0)), kv_sh(k_cache.stride(1)),
+        t_sr(table.stride(0)), o_sb(out.stride(0)), o_sh(out.stride(1)) {}
+};
+
+template <typename T>
+static void decode_impl(const Paged<T>& a, double scale) {
+  const int64_t B = a.B, D = a.D, Hkv = a.Hkv, G = a.G;
+  const T *qp = a.qp, *kp = a.kp, *vp = a.vp;
+  const int32_t* tp = a.tp;
+  const int64_t* rp = a.rp;
+  const int32_t* lp = a.lp;
+  T* op = a.op;
+  const int64_t q_sb = a.q_sb, q_sh = a.q_sh, kv_ss = a.kv_ss, kv_sh = a.kv_sh, t_sr = a.t_sr, o_sb = a.o_sb, o_sh = a.o_sh;
   at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(G * D), acc(G * D), scores;
     for (int64_t task = begin; task < end; ++task) {
@@ -97,23 +106,15 @@ static void decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at
 #if defined(__AVX512BF16__)
 // bf16, head_dim % 32 == 0, G <= 8: q.k with `vdpbf16ps` (products of the bf16 inputs are exact in
 // fp32), a vectorised two-pass softmax, p.v accumulated in fp32 registers/L1.
-static void decode_bf16_avx512(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                               const at::Tensor& table, const at::Tensor& rows, const at::Tensor& seq_lens,
-                               double scale, at::Tensor& out) {
+static void decode_bf16_avx512(const Paged<at::BFloat16>& a, double scale) {
   using bf16 = at::BFloat16;
-  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
-  const int64_t Hkv = k_cache.size(1), G = Hq / Hkv, C = D / 32;
-  const bf16* qp = q.data_ptr<bf16>();
-  const bf16* kp = k_cache.data_ptr<bf16>();
-  const bf16* vp = v_cache.data_ptr<bf16>();
-  const int32_t* tp = table.data_ptr<int32_t>();
-  const int64_t* rp = rows.data_ptr<int64_t>();
-  const int32_t* lp = seq_lens.data_ptr<int32_t>();
-  bf16* op = out.data_ptr<bf16>();
-  const int64_t q_sb = q.stride(0), q_sh = q.stride(1);
-  const int64_t kv_ss = k_cache.stride(0), kv_sh = k_cache.stride(1);
-  const int64_t t_sr = table.stride(0);
-  const int64_t o_sb = out.stride(0), o_sh = out.stride(1);
+  const int64_t B = a.B, D = a.D, Hkv = a.Hkv, G = a.G, C = D / 32;
+  const bf16 *qp = a.qp, *kp = a.kp, *vp = a.vp;
+  const int32_t* tp = a.tp;
+  const int64_t* rp = a.rp;
+  const int32_t* lp = a.lp;
+  bf16* op = a.op;
+  const int64_t q_sb = a.q_sb, q_sh = a.q_sh, kv_ss = a.kv_ss, kv_sh = a.kv_sh, t_sr = a.t_sr, o_sb = a.o_sb, o_sh = a.o_sh;
   const float sc = static_cast<float>(scale);
   at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
@@ -195,13 +196,13 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache
 #if defined(__AVX512BF16__)
     const int64_t D = q.size(2), G = q.size(1) / k_cache.size(1);
     if (D % 32 == 0 && D <= 256 && G <= 8 && q.stride(2) == 1) {
-      decode_bf16_avx512(q, k_cache, v_cache, table, rows, seq_lens, scale, out);
+      decode_bf16_avx512(Paged<at::BFloat16>(q, k_cache, v_cache, table, rows, seq_lens, out), scale);
       return out;
     }
 #endif
-    decode_impl<at::BFloat16>(q, k_cache, v_cache, table, rows, seq_lens, scale, out);
+    decode_impl(Paged<at::BFloat16>(q, k_cache, v_cache, table, rows, seq_lens, out), scale);
   } else if (q.scalar_type() == at::kFloat) {
-    decode_impl<float>(q, k_cache, v_cache, table, rows, seq_lens, scale, out);
+    decode_impl(Paged<float>(q, k_cache, v_cache, table, rows, seq_lens, out), scale);
   } else {
     TORCH_CHECK(false, "cpu decode attention: bf16 or fp32 only");
   }
@@ -209,30 +210,15 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache
 }
 """
 
-_module: Any = None
-_failed = os.environ.get("MINISGL_CPU_ATTN_KERNEL", "1").strip().lower() in ("0", "false", "no", "off")
+_EXT = CppExtension(
+    "minisgl_cpu_decode_attention", _SOURCE, ["decode_attention"], switch="MINISGL_CPU_ATTN_KERNEL",
+    what="CPU decode attention kernel", cflags=("-O3", "-march=native", "-ffast-math", "-fno-finite-math-only"),
+)  # fmt: skip
 
 
 def load() -> Any:
     """The built extension, or None (build failed, or turned off)."""
-    global _module, _failed
-    if _module is not None or _failed:
-        return _module
-    try:
-        from torch.utils.cpp_extension import load_inline
-
-        _module = load_inline(
-            name="minisgl_cpu_decode_attention",
-            cpp_sources=[_SOURCE],
-            functions=["decode_attention"],
-            extra_cflags=["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
-    except Exception as exc:  # no compiler, no headers: keep the torch path
-        _failed = True
-        logger.warning("CPU decode attention kernel unavailable (%s: %s); using the torch path", type(exc).__name__, exc)
-    return _module
+    return _EXT.load()
 
 
 def decode_attention(

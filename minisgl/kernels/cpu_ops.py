@@ -23,15 +23,12 @@ this path; fp32 stays on the references, the exact-parity mode. Off: MINISGL_CPU
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from minisgl.utils.logging import get_logger
-
-logger = get_logger(__name__)
+from minisgl.kernels.cpp_ext import CppExtension
 
 # Vector math shared by the C++ CPU kernels (this module's and `cpu_attention`'s), prepended to
 # their sources. Compiled only where the CPU has AVX-512 BF16 (`-march=native`).
@@ -88,6 +85,14 @@ static void check_bf16(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kBFloat16, what, ": bf16 CPU tensor expected");
 }
 
+// The optional bias of a linear layer: [N] bf16, or nullptr.
+static const bf16* bias_data(const c10::optional<at::Tensor>& bias, int64_t N, const char* what) {
+  if (!bias.has_value() || !bias->defined()) return nullptr;
+  check_bf16(*bias, what);
+  TORCH_CHECK(bias->numel() == N && bias->is_contiguous(), what, ": [N] expected");
+  return bias->data_ptr<bf16>();
+}
+
 // ---------------------------------------------------------------- GEMV
 static inline float dot(const bf16* a, const bf16* b, int64_t K) {
   int64_t k = 0;
@@ -116,12 +121,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const c10::optional<at
   at::Tensor out = at::empty({1, N}, x.options());
   const bf16* xp = x.data_ptr<bf16>();
   const bf16* wp = w.data_ptr<bf16>();
-  const bf16* bp = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    check_bf16(*bias, "gemv bias");
-    TORCH_CHECK(bias->numel() == N && bias->is_contiguous(), "gemv: bias [N]");
-    bp = bias->data_ptr<bf16>();
-  }
+  const bf16* bp = bias_data(bias, N, "gemv bias");
   bf16* op = out.data_ptr<bf16>();
   at::parallel_for(0, N, 32, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
@@ -198,12 +198,7 @@ at::Tensor gemm_rows(const at::Tensor& x, const at::Tensor& w, const c10::option
   at::Tensor out = at::empty({M, N}, x.options());
   const bf16* xp = x.data_ptr<bf16>();
   const bf16* wp = w.data_ptr<bf16>();
-  const bf16* bp = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    check_bf16(*bias, "gemm bias");
-    TORCH_CHECK(bias->numel() == N && bias->is_contiguous(), "gemm: bias [N]");
-    bp = bias->data_ptr<bf16>();
-  }
+  const bf16* bp = bias_data(bias, N, "gemm bias");
   bf16* op = out.data_ptr<bf16>();
   auto put = [&](int64_t m, int64_t n, float s) { op[m * N + n] = bf16(bp ? r(s) + f(bp[n]) : s); };
 #if defined(__AVX512BF16__)
@@ -377,30 +372,19 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
 }
 """
 
-_module: Any = None
-_failed = os.environ.get("MINISGL_CPU_KERNELS", "1").strip().lower() in ("0", "false", "no", "off")
+_EXT = CppExtension(
+    "minisgl_cpu_ops", _SOURCE,
+    ["gemv", "gemm_rows", "has_bf16_dot", "rms_norm", "add_rms_norm", "rotary", "silu_and_mul"],
+    switch="MINISGL_CPU_KERNELS", what="bf16 CPU kernels",
+)  # fmt: skip
+_module: Any = None  # the loaded extension, once `load()` succeeded
 
 
 def load() -> Any:
     """The built extension, or None (turned off, or the build failed: then the callers keep the
     references)."""
-    global _module, _failed
-    if _module is not None or _failed:
-        return _module
-    try:
-        from torch.utils.cpp_extension import load_inline
-
-        _module = load_inline(
-            name="minisgl_cpu_ops",
-            cpp_sources=[_SOURCE],
-            functions=["gemv", "gemm_rows", "has_bf16_dot", "rms_norm", "add_rms_norm", "rotary", "silu_and_mul"],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
-    except Exception as exc:  # no compiler, no headers
-        _failed = True
-        logger.warning("bf16 CPU kernels unavailable (%s: %s); using the torch references", type(exc).__name__, exc)
+    global _module
+    _module = _EXT.load()
     return _module
 
 
