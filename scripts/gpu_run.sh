@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install the carried wheels, run the GPU tests, run the benchmarks,
 # print a table last. Usage (through the device tool, with carry [".whl"]):
-#   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,host,check,profile,prefill,workload,sweep,
+#   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,host,check,backend,profile,prefill,workload,sweep,main,
 #                                       bench,bench8b,moe,hf,tp (tp: two GPUs) or all
 # Results land in $OUT (if set) as gpu_tests.log, profile_*.txt and bench.jsonl.
 set -uo pipefail
@@ -37,6 +37,7 @@ if has check; then
     timeout "${CHECK_LIMIT:-600}" python3 -m pytest -q -rf --tb=short -m gpu ${CHECK_ARGS:-tests/kernels tests/golden} \
         -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 fi
+has backend && timeout 120 python3 -m pytest -q -p no:cacheprovider tests/unit/test_triton_backend_interpret.py 2>&1 | tail -3
 has sweep && timeout 300 python3 scripts/sweep_decode_attention.py 2>&1 | tee "$OUT/sweep.txt"
 has prefill && timeout 150 python3 scripts/profile_gpu_prefill.py 16 512 2>&1 | grep -v INFO | tee "$OUT/prefill.txt" | head -40
 has workload && timeout 120 python3 scripts/profile_workload.py configs/qwen3-0.6b 2>&1 | grep -v INFO | tee "$OUT/workload.txt"
@@ -57,6 +58,7 @@ if has bench; then
     MINISGL_DISABLE_OVERLAP=1 bench qwen3-0.6b-nooverlap 75 $W
     bench qwen3-0.6b-nograph 90 $W --cuda-graph-max-bs 0
 fi
+has main && bench qwen3-0.6b 110 $W  # the headline run alone
 has bench8b && bench qwen3-8b 130 --model configs/qwen3-8b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
 has moe && bench qwen3-30b-a3b 200 --model configs/qwen3-30b-a3b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
 has hf && bench hf-peer-32seq 200 --model configs/qwen3-0.6b --dummy-weights --num-seqs 32 --seed 0 --peer hf

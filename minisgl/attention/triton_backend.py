@@ -1,8 +1,10 @@
 """`triton` attention backend: the paged Triton kernels of `kernels/attention.py` over the KV pool.
 
-Extend batches (prefill, chunked prefill, mixed) run the causal extend kernel; decode batches run
-the split-K decode kernel, which CUDA graphs can capture: its split count is fixed per captured
-batch size and its per-request inputs live in static buffers owned here.
+Extend batches (prefill, chunked prefill) run the causal extend kernel; decode batches run the
+split-K decode kernel, which CUDA graphs can capture: its split count is fixed per captured batch
+size and its per-request inputs live in static buffers owned here. In a mixed step (a prefill
+chunk with decodes riding along) the one-token rows take the decode kernel too: the extend kernel
+would spend a 64-row tile, and a KV read per q head instead of per KV head, on each of them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 
 from minisgl.attention.base import BaseAttnBackend
 from minisgl.attention.batch import ForwardBatch
+from minisgl.engine.transfer import upload
 from minisgl.kernels.attention import (
     alloc_decode_buffers,
     decode_attention,
@@ -25,17 +28,31 @@ from minisgl.kvcache.pool import KVPool
 
 
 @dataclass(slots=True)
-class TritonExtendMeta:
-    max_extend_len: int  # sizes the grid's query-block axis; from the host-side lengths
-
-
-@dataclass(slots=True)
 class TritonDecodeMeta:
     rows: torch.Tensor  # [B] int64
     seq_lens: torch.Tensor  # [B] int32
     num_splits: int  # launch constant of the split-K kernel
     mid_o: torch.Tensor  # [>=B, Hq, >=num_splits, D] fp32 partial outputs
     mid_lse: torch.Tensor  # [>=B, Hq, >=num_splits] fp32 partial log-sum-exps
+
+
+@dataclass(slots=True)
+class MixedSplit:
+    """A mixed extend step cut in two: the one-token rows for the decode kernel, the rest for the
+    extend kernel (each a subset of the batch's per-request tensors, in batch order)."""
+
+    token_idx: torch.Tensor  # [Bd] int64: the q/out row of each one-token request
+    decode: TritonDecodeMeta
+    rows: torch.Tensor  # [Be] int64, and the three below: the multi-token requests
+    seq_lens: torch.Tensor
+    extend_lens: torch.Tensor
+    extend_starts: torch.Tensor
+
+
+@dataclass(slots=True)
+class TritonExtendMeta:
+    max_extend_len: int  # longest extend the extend kernel runs (sizes its grid); host-side lengths
+    split: MixedSplit | None = None  # set when some requests extend by one token
 
 
 TritonAttnMeta = TritonExtendMeta | TritonDecodeMeta
@@ -77,7 +94,32 @@ class TritonAttnBackend(BaseAttnBackend):
             mid_o, mid_lse = alloc_decode_buffers(batch_size, self.num_heads, self.head_dim, num_splits, self.device)
             batch.attn_meta = TritonDecodeMeta(batch.rows, batch.seq_lens, num_splits, mid_o, mid_lse)
         else:
-            batch.attn_meta = TritonExtendMeta(max(batch.extend_lens_cpu, default=0))
+            batch.attn_meta = self._extend_meta(batch)
+
+    def _extend_meta(self, batch: ForwardBatch) -> TritonExtendMeta:
+        lens = batch.extend_lens_cpu
+        one = [i for i, n in enumerate(lens) if n == 1]
+        if not one:
+            return TritonExtendMeta(max(lens, default=0))
+        many = [i for i, n in enumerate(lens) if n != 1]
+        index = upload(one + many, torch.int64, self.device)  # one non-blocking copy
+        one_t, many_t = index[: len(one)], index[len(one) :]
+        num_splits = decode_num_splits(
+            len(one), self.num_kv_heads, self.head_dim, max(batch.seq_lens_cpu[i] for i in one), self.device
+        )
+        mid_o, mid_lse = alloc_decode_buffers(len(one), self.num_heads, self.head_dim, num_splits, self.device)
+        decode = TritonDecodeMeta(
+            batch.rows.index_select(0, one_t), batch.seq_lens.index_select(0, one_t), num_splits, mid_o, mid_lse
+        )
+        split = MixedSplit(
+            token_idx=batch.extend_starts.index_select(0, one_t).long(),
+            decode=decode,
+            rows=batch.rows.index_select(0, many_t),
+            seq_lens=batch.seq_lens.index_select(0, many_t),
+            extend_lens=batch.extend_lens.index_select(0, many_t),
+            extend_starts=batch.extend_starts.index_select(0, many_t),
+        )
+        return TritonExtendMeta(max((lens[i] for i in many), default=0), split)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
@@ -93,10 +135,24 @@ class TritonAttnBackend(BaseAttnBackend):
                 num_splits=meta.num_splits, mid_o=meta.mid_o, mid_lse=meta.mid_lse,
             )  # fmt: skip
         assert isinstance(meta, TritonExtendMeta), "prepare() did not run for this batch"
-        return extend_attention(
-            q, k_cache, v_cache, batch.token_table, batch.rows, batch.seq_lens, batch.extend_lens,
-            batch.extend_starts, self.sm_scale, max_extend_len=meta.max_extend_len,
+        split = meta.split
+        if split is None:
+            return extend_attention(
+                q, k_cache, v_cache, batch.token_table, batch.rows, batch.seq_lens, batch.extend_lens,
+                batch.extend_starts, self.sm_scale, max_extend_len=meta.max_extend_len,
+            )  # fmt: skip
+        out = torch.empty_like(q)
+        # The extend kernel writes only its requests' rows of `out`; the decode rows go in after.
+        extend_attention(
+            q, k_cache, v_cache, batch.token_table, split.rows, split.seq_lens, split.extend_lens,
+            split.extend_starts, self.sm_scale, max_extend_len=meta.max_extend_len, out=out,
         )  # fmt: skip
+        d = split.decode
+        decoded = decode_attention(
+            q.index_select(0, split.token_idx), k_cache, v_cache, batch.token_table, d.rows, d.seq_lens,
+            self.sm_scale, num_splits=d.num_splits, mid_o=d.mid_o, mid_lse=d.mid_lse,
+        )  # fmt: skip
+        return out.index_copy_(0, split.token_idx, decoded)
 
     # --- CUDA graphs (decode only) ---
 

@@ -113,7 +113,11 @@ def test_extend_then_decode_match_reference(heads: tuple[int, int], head_dim: in
     # Mixed extend: a fresh prompt, a one-token extend, a chunk on top of a long prefix.
     batch = make_batch(reqs, [7, 1, 12])
     backend.prepare(batch)
-    assert batch.attn_meta == TritonExtendMeta(max_extend_len=12)
+    meta = batch.attn_meta
+    assert isinstance(meta, TritonExtendMeta) and meta.max_extend_len == 12
+    # The one-token request takes the decode kernel; the other two the extend kernel.
+    assert meta.split is not None and meta.split.token_idx.tolist() == [7]
+    assert meta.split.rows.tolist() == [3, 5] and meta.split.decode.rows.tolist() == [0]
     for layer in range(NUM_LAYERS):
         q, k, v = random_qkv(batch.num_tokens, heads, head_dim, gen)
         out = backend.forward(q, k, v, layer, batch)
@@ -130,6 +134,31 @@ def test_extend_then_decode_match_reference(heads: tuple[int, int], head_dim: in
         q, k, v = random_qkv(batch.num_tokens, heads, head_dim, gen)
         out = backend.forward(q, k, v, layer, batch)
         torch.testing.assert_close(out, reference(pool, layer, q, batch, backend.sm_scale), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("extend_lens", [[1, 5, 1, 1, 9, 1], [1, 1, 1], [6, 3]])
+def test_mixed_steps_split_between_kernels(extend_lens: list[int]) -> None:
+    """Decodes riding along prefill chunks (and an extend-phase batch of one-token rows only, and
+    one without any) give the reference's attention for every row."""
+    gen = torch.Generator().manual_seed(len(extend_lens))
+    heads, head_dim = (6, 2), 64
+    pool = KVPool(1, 512, PAGE_SIZE, heads[1], head_dim, torch.float32, DEVICE)
+    backend = create_triton_backend(pool, *heads, head_dim, 0.125)
+    rows = [7 - i for i in range(len(extend_lens))]
+    reqs = PagedRequests(pool, rows=rows, max_len=120, gen=gen)
+    prefix_loc = reqs.grow([5 + 17 * i for i in range(len(extend_lens))])
+    pool.store(0, prefix_loc, *random_qkv(len(prefix_loc), heads, head_dim, gen)[1:])
+    batch = make_batch(reqs, extend_lens)
+    batch.phase = "extend"  # as the engine marks any step that is not a pure graph decode
+    backend.prepare(batch)
+    meta = batch.attn_meta
+    assert isinstance(meta, TritonExtendMeta)
+    assert (meta.split is None) == (1 not in extend_lens)
+    q, k, v = random_qkv(batch.num_tokens, heads, head_dim, gen)
+    out = backend.forward(q, k, v, 0, batch)
+    expected = extend_attention_ref(q, pool.k[0], pool.v[0], batch.token_table, batch.rows, batch.seq_lens,
+                                    batch.extend_lens, batch.extend_starts, 0.125)  # fmt: skip
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 
 def test_graph_buffers_replay_smaller_batch() -> None:
