@@ -75,20 +75,30 @@ class ErrorMsg:
     param: str | None = None
 
 
-@wire(tag=63)
-@dataclass(slots=True)
-class StatsMsg:
-    """Answer to `StatsReqMsg(query_id)`: page and queue counts of one replica's scheduler rank 0,
-    the prompt tokens of every admitted request so far with how many of them the prefix cache
-    held, and the requests the replica has received and aborted (`--dp` routing)."""
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """Page and queue counts of a scheduler (`Scheduler.stats()`); the counts `StatsMsg` carries.
 
-    query_id: int
+    Defined here, not in `minisgl.scheduler`, so the API server reads it without importing torch."""
+
     total_pages: int
     free_pages: int
     cached_pages: int
     evictable_pages: int
     running: int
     waiting: int
+
+
+@wire(tag=63)
+@dataclass(frozen=True, slots=True)
+class StatsMsg(SchedulerStats):
+    """Answer to `StatsReqMsg(query_id)`: the `SchedulerStats` of one replica's scheduler rank 0,
+    the prompt tokens of every admitted request so far with how many of them the prefix cache
+    held, and the requests the replica has received and aborted (`--dp` routing).
+
+    Fields (and so the wire order): the `SchedulerStats` counts first, then `query_id` onward."""
+
+    query_id: int
     prompt_tokens: int = 0
     cached_tokens: int = 0
     requests: int = 0

@@ -12,7 +12,7 @@ also tells the tokenizer's router which requests ended.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 from minisgl.distributed.group import Rendezvous
@@ -137,11 +137,10 @@ class SchedulerLoop:
                 outs.append(TokenOut(msg.rid, [], "abort"))
         elif isinstance(msg, StatsReqMsg):
             if self.to_frontend is not None:
-                s = self.scheduler.stats()
                 self.to_frontend.put(
-                    StatsMsg(msg.query_id, s.total_pages, s.free_pages, s.cached_pages, s.evictable_pages,
-                             s.running, s.waiting, self.prompt_tokens, self.cached_tokens, self.requests,
-                             self.aborted)  # fmt: skip
+                    StatsMsg(**asdict(self.scheduler.stats()), query_id=msg.query_id,
+                             prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
+                             requests=self.requests, aborted=self.aborted)  # fmt: skip
                 )
         elif isinstance(msg, ShutdownMsg):
             self.running = False

@@ -19,6 +19,7 @@ from minisgl.engine.penalties import uses_penalties
 from minisgl.env import ENV
 from minisgl.kvcache import PageAllocator, create_prefix_cache
 from minisgl.kvcache.prefix_cache import MatchResult
+from minisgl.message.frontend import SchedulerStats
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.utils.logging import get_logger
 
@@ -47,16 +48,6 @@ class InFlight:
     step: LaunchedStep
     marks: list[tuple[Req, int]]
     logprobs: bool = False  # some live request asked for (prompt) logprobs: read them back
-
-
-@dataclass(frozen=True)
-class SchedulerStats:
-    total_pages: int
-    free_pages: int
-    cached_pages: int
-    evictable_pages: int
-    running: int
-    waiting: int
 
 
 def _pages_for(tokens: int, page_size: int) -> int:

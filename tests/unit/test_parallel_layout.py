@@ -135,7 +135,7 @@ def test_each_node_runs_its_share_of_every_replica():
 
 
 def _stats(requests: int, running: int, free: int) -> StatsMsg:
-    return StatsMsg(0, total_pages=100, free_pages=free, cached_pages=0, evictable_pages=0, running=running,
+    return StatsMsg(query_id=0, total_pages=100, free_pages=free, cached_pages=0, evictable_pages=0, running=running,
                     waiting=0, prompt_tokens=10, cached_tokens=5, requests=requests, aborted=1)  # fmt: skip
 
 
