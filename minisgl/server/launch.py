@@ -88,15 +88,24 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         logger.info("interrupted: shutting down")
     finally:
-        # A second Ctrl-C / SIGTERM must not interrupt the teardown itself.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if cluster is not None:
-            cluster.stop()  # the other nodes stop their ranks too
-        procs.shutdown()
-        if sock is not None:
-            sock.close()
+        _teardown(procs, cluster, sock)
     sys.exit(code)
+
+
+def _teardown(procs: ServiceProcesses, announce: Cluster | None = None, sock: socket.socket | None = None) -> None:
+    """Stop this node's service: ignore further signals, tell the other nodes (`announce`, node 0
+    only), stop every child process, then close the listening socket (node 0's API server).
+
+    Only node 0 passes its cluster: `Cluster.stop` tells the other nodes the launch is over. The
+    other nodes only follow node 0 (their failures reach it through `Cluster.report_failure`)."""
+    # A second Ctrl-C / SIGTERM must not interrupt the teardown itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if announce is not None:
+        announce.stop()  # the other nodes stop their ranks too
+    procs.shutdown()
+    if sock is not None:
+        sock.close()
 
 
 def _load_model_config(config: ServerConfig) -> tuple[str, ModelConfig]:
@@ -176,9 +185,7 @@ def _run_node(config: ServerConfig, model_dir: str, model_config: ModelConfig) -
     except KeyboardInterrupt:
         logger.info("interrupted: shutting down")
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        procs.shutdown()
+        _teardown(procs)  # not the cluster: only node 0 announces the end of the launch
     return code
 
 
