@@ -3,6 +3,10 @@
 With a key (`--api-key` or `MINISGL_API_KEY`) every route needs `Authorization: Bearer <key>`,
 except `GET /health` and `GET /metrics` (load balancers and Prometheus scrapers carry no key,
 as with vLLM) and CORS preflights. A missing or wrong key is a 401 in OpenAI's error shape.
+
+Both run before admission control (admission.py, the app's innermost middleware): a request
+without a valid key is a 401 even when the server is overloaded or draining, and never counts
+as admitted or rejected there.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ class ApiKeyMiddleware:
 
 
 def install_access(app: FastAPI, api_key: str | None, cors_origins: list[str]) -> None:
-    # The last middleware added runs first: CORS wraps the key check, so 401s carry CORS headers.
+    # The last middleware added runs first: CORS wraps the key check, so 401s carry CORS headers;
+    # admission.guard_app appends its guard after these, so it runs after both.
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     if cors_origins:

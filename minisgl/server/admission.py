@@ -1,8 +1,11 @@
 """Admission control around the API server: bounded in-flight work, deadlines, graceful drain.
 
-`AdmissionGuard` is plain ASGI middleware wrapped around the whole app. It follows every
-generation request (POST /v1/chat/completions, /v1/completions, /generate) from the moment its
-headers arrive until its last byte is sent:
+`AdmissionGuard` is plain ASGI middleware. In the API server (`guard_app`) it is the innermost
+of the app's middleware, inside CORS and the API-key check (access.py): a request without a valid
+key gets 401 whatever the load, and only requests that passed the check are counted, admitted or
+turned away with 503 (which then carry CORS headers too). It follows every generation request
+(POST /v1/chat/completions, /v1/completions, /generate) from the moment its headers arrive until
+its last byte is sent:
 
 - Overload: with `max_in_flight` set (running capacity + --max-queued-requests), a request
   beyond it gets 503 at once, with an OpenAI error body and `Retry-After`, before its body is
@@ -15,7 +18,8 @@ headers arrive until its last byte is sent:
   in flight may finish until the drain deadline; the rest are ended like a timeout, with 503.
 
 The guard never reads bodies or looks inside the app: everything it does goes through the ASGI
-`receive` / `send` of the request it guards.
+`receive` / `send` of the request it guards. Its counters (`AdmissionCounts`, and the requests in
+flight) are exported by `GET /metrics` (metrics.py).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -83,12 +88,44 @@ class AdmissionCounts:
     drain_aborted: int = 0
 
 
-def guard_app(app: FastAPI, config: AdmissionConfig) -> AdmissionGuard:
-    """Wrap the API server's app in admission control. A client that goes away while its body is
-    being read is routine under load (and how the guard ends a request): answer it quietly
-    instead of through the internal-error handler."""
+def guard_app(app: FastAPI, config: AdmissionConfig) -> GuardedApp:
+    """Put admission control into the API server's app, before it starts, as its innermost
+    middleware: the middleware added with `add_middleware` (CORS, the API key; the last added runs
+    first) all run before it, so admission never answers a request that access control refuses.
+    The app's `state.metrics` (a `ServerMetrics`, set by `create_app`), if any, exports the
+    guard's counters. A client that goes away while its body is being read is routine under load
+    (and how the guard ends a request): answer it quietly instead of through the internal-error
+    handler."""
     app.add_exception_handler(ClientDisconnect, _client_gone)
-    return AdmissionGuard(app, config)
+    guard = AdmissionGuard(_unbound, config)
+
+    def layer(inner: ASGIApp) -> AdmissionGuard:  # called once, when Starlette builds the stack
+        guard.app = inner
+        return guard
+
+    app.user_middleware.append(Middleware(layer))
+    metrics = getattr(app.state, "metrics", None)
+    if metrics is not None:
+        metrics.track_admission(guard)
+    return GuardedApp(app, guard)
+
+
+async def _unbound(scope: Scope, receive: Receive, send: Send) -> None:
+    raise RuntimeError("the admission guard runs inside its app's middleware stack, not on its own")
+
+
+class GuardedApp:
+    """The API server's app as uvicorn serves it, and the `AdmissionGuard` inside it (to drain)."""
+
+    def __init__(self, app: ASGIApp, guard: AdmissionGuard) -> None:
+        self.app = app
+        self.guard = guard
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+    async def drain(self, timeout: float) -> int:
+        return await self.guard.drain(timeout)
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
@@ -248,7 +285,7 @@ class DrainingServer(uvicorn.Server):
     (`shutdown_timeout` seconds at most for requests in flight); a second signal stops at once,
     as plain uvicorn does."""
 
-    def __init__(self, config: uvicorn.Config, guard: AdmissionGuard, shutdown_timeout: float) -> None:
+    def __init__(self, config: uvicorn.Config, guard: AdmissionGuard | GuardedApp, shutdown_timeout: float) -> None:
         super().__init__(config)
         self.guard = guard
         self.shutdown_timeout = shutdown_timeout

@@ -54,6 +54,7 @@ def create_app(state: AppState) -> FastAPI:
 
     app = FastAPI(title="minisgl", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     install_access(app, state.api_key, state.cors_origins)
+    app.state.metrics = state.metrics  # admission.guard_app exports its counters through it
 
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, exc: RequestError) -> JSONResponse:

@@ -11,18 +11,29 @@ counting evictable prefix-cache pages, over all pages) and the prefix-cache hit 
 prompt tokens of every admitted request) come from scheduler rank 0 of every replica at scrape
 time, summed; the `minisgl_replica_*` gauges give each replica's own (label `replica`, also with
 a single replica), so `--dp` routing can be watched.
+
+Admission control (admission.py) is read from its guard at scrape time: generation requests
+admitted, turned away with 503 (overloaded or draining; never one refused for its API key, which
+is a 401 before admission), ended at --request-timeout or by the end of a drain, and in flight.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from minisgl.message.frontend import ErrorMsg, StatsMsg, TextDelta
 from minisgl.server.frontend import ServiceStats
+
+if TYPE_CHECKING:
+    from minisgl.server.admission import AdmissionGuard
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -108,6 +119,10 @@ class ServerMetrics:
         for rid in rids:
             self._live.pop(rid, None)
 
+    def track_admission(self, guard: AdmissionGuard) -> None:
+        """Export the counters of the app's admission guard (once per registry)."""
+        self.registry.register(_AdmissionCollector(self.model, guard))
+
     # ------------------------------------------------------------------ scrape
     def render(self, stats: ServiceStats | None) -> bytes:
         if stats is not None:
@@ -130,3 +145,28 @@ class ServerMetrics:
 def _kv_usage(stats: StatsMsg) -> float:
     held = stats.total_pages - stats.free_pages - stats.evictable_pages
     return max(0, held) / stats.total_pages if stats.total_pages else 0.0
+
+
+class _AdmissionCollector(Collector):
+    """The guard's own counters, read when scraped (nothing to keep in step)."""
+
+    def __init__(self, model: str, guard: AdmissionGuard) -> None:
+        self.model = model
+        self.guard = guard
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.guard.counts
+        for name, doc, value in (
+            ("minisgl_admitted_requests", "Generation requests admitted by the API server", counts.admitted),
+            ("minisgl_rejected_requests", "Generation requests refused with 503: overloaded or draining",
+             counts.rejected),
+            ("minisgl_timed_out_requests", "Requests ended at --request-timeout", counts.timed_out),
+            ("minisgl_drain_aborted_requests", "Requests still running when a drain ended", counts.drain_aborted),
+        ):  # fmt: skip
+            counter = CounterMetricFamily(name, doc, labels=["model_name"])
+            counter.add_metric([self.model], value)
+            yield counter
+        gauge = GaugeMetricFamily("minisgl_num_requests_in_flight", "Generation requests admitted and not yet "
+                                  "answered in full", labels=["model_name"])  # fmt: skip
+        gauge.add_metric([self.model], self.guard.in_flight)
+        yield gauge
