@@ -6,9 +6,10 @@ Bad options end the program with one line that says what to change, never a trac
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Any, Callable, NoReturn
 
 from minisgl.engine.config import EngineConfig
 from minisgl.env import ENV
@@ -73,34 +74,26 @@ def fail(message: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _number(kind: Callable[[str], Any], ok: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
+    """An argparse `type=` that parses `kind` and accepts values with `ok`, else says what it expected."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+_positive_int = _number(int, lambda v: v >= 1, "a positive integer")
+_non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
+_port = _number(int, lambda v: 0 <= v <= 65535, "a port number 0-65535")
+_positive_float = _number(float, lambda v: v > 0, "a positive number")
+_non_negative_float = _number(float, lambda v: 0 <= v < math.inf, "a number >= 0")
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -178,26 +171,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on SIGTERM / Ctrl-C: refuse new requests, let those in flight finish for up to S "
                    "seconds, then end the rest with an error (default: 10)")  # fmt: skip
     return p
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
 
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
