@@ -37,8 +37,9 @@ AVX512_MATH = r"""
 #include <cmath>
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
-// exp(x) (x <= 0 in softmax after the max shift; larger x is fine up to overflow to inf): 2^(x log2 e) = 2^n * 2^f, n = round, |f| <= 1/2,
-// 2^f by its degree-6 Taylor series in f ln 2 (truncation ~1e-7 relative), scaled by 2^n.
+// exp(x) (x <= 0 in softmax after the max shift; larger x is fine up to overflow to inf):
+// 2^(x log2 e) = 2^n * 2^f, n = round, |f| <= 1/2, 2^f by its degree-6 Taylor series in f ln 2
+// (truncation ~1e-7 relative), scaled by 2^n.
 static inline __m512 exp_neg(__m512 x) {
   // NaN stays NaN (vmaxps returns its second operand when either is NaN); exp(-104) rounds to 0.
   x = _mm512_max_ps(_mm512_set1_ps(-104.f), x);
@@ -70,7 +71,6 @@ _SOURCE = AVX512_MATH + r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
-#include <immintrin.h>
 #include <cmath>
 #include <cstring>
 #include <algorithm>
