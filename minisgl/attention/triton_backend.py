@@ -16,7 +16,7 @@ import torch
 
 from minisgl.attention.base import BaseAttnBackend
 from minisgl.attention.batch import ForwardBatch
-from minisgl.engine.transfer import upload
+from minisgl.utils.transfer import upload
 from minisgl.kernels.attention import (
     alloc_decode_buffers,
     decode_attention,

@@ -23,7 +23,7 @@ from minisgl.engine.config import EngineConfig
 from minisgl.engine.grammar import GrammarState, bitmask_width
 from minisgl.engine.penalties import PenaltyTracker
 from minisgl.engine.sampler import LogitsControls, Sampler, SamplingBatch, TokenLogprobs, token_logprobs
-from minisgl.engine.transfer import StagingRing, upload, upload_many
+from minisgl.utils.transfer import StagingRing, upload, upload_many
 from minisgl.env import ENV
 from minisgl.kernels.impl import resolve_impl
 from minisgl.kvcache.pool import KVPool

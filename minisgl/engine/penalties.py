@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.core import Req, SamplingParams
-from minisgl.engine.transfer import upload
+from minisgl.utils.transfer import upload
 
 
 def uses_penalties(params: SamplingParams) -> bool:

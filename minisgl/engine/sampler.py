@@ -24,7 +24,7 @@ import torch
 from minisgl.core import SamplingParams
 from minisgl.engine.grammar import apply_token_bitmask
 from minisgl.engine.penalties import PenaltyBatch, apply_penalties
-from minisgl.engine.transfer import upload
+from minisgl.utils.transfer import upload
 
 _MASK64 = (1 << 64) - 1
 

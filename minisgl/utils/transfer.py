@@ -1,6 +1,7 @@
 """Host-to-device uploads that never make the host wait for queued GPU work: a single list
 (`upload`, pinned staging per call) and the step's many int lists in one copy (`upload_many`,
-through reused pinned buffers)."""
+through reused pinned buffers). In `utils` because the engine and the attention backends both
+upload per-step metadata."""
 
 from __future__ import annotations
 
