@@ -30,7 +30,7 @@ _SOURCE = AVX512_MATH + r"""
 // strides), table [R, C] int32 slots, rows [B] int64, seq_lens [B] int32, out [B, Hq, D].
 template <typename T>
 struct Paged {
-  int64_t B, Hq, D, Hkv, G;
+  int64_t B, D, Hkv, G;
   const T *qp, *kp, *vp;
   const int32_t* tp;
   const int64_t* rp;
@@ -39,34 +39,36 @@ struct Paged {
   int64_t q_sb, q_sh, kv_ss, kv_sh, t_sr, o_sb, o_sh;
   Paged(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& table,
         const at::Tensor& rows, const at::Tensor& seq_lens, at::Tensor& out)
-      : B(q.size(0)), Hq(q.size(1)), D(q.size(2)), Hkv(k_cache.size(1)), G(q.size(1) / k_cache.size(1)),
+      : B(q.size(0)), D(q.size(2)), Hkv(k_cache.size(1)), G(q.size(1) / k_cache.size(1)),
         qp(q.data_ptr<T>()), kp(k_cache.data_ptr<T>()), vp(v_cache.data_ptr<T>()), tp(table.data_ptr<int32_t>()),
         rp(rows.data_ptr<int64_t>()), lp(seq_lens.data_ptr<int32_t>()), op(out.data_ptr<T>()),
         q_sb(q.stride(0)), q_sh(q.stride(1)), kv_ss(k_cache.stride(0)), kv_sh(k_cache.stride(1)),
         t_sr(table.stride(0)), o_sb(out.stride(0)), o_sh(out.stride(1)) {}
+  // Request b's slot table, and the rows one (request, head) task reads and writes.
+  const int32_t* slots(int64_t b) const { return tp + rp[b] * t_sr; }
+  const T* q_row(int64_t b, int64_t head) const { return qp + b * q_sb + head * q_sh; }
+  const T* k_row(int32_t slot, int64_t h) const { return kp + static_cast<int64_t>(slot) * kv_ss + h * kv_sh; }
+  const T* v_row(int32_t slot, int64_t h) const { return vp + static_cast<int64_t>(slot) * kv_ss + h * kv_sh; }
+  T* out_row(int64_t b, int64_t head) const { return op + b * o_sb + head * o_sh; }
 };
 
 template <typename T>
 static void decode_impl(const Paged<T>& a, double scale) {
-  const int64_t B = a.B, D = a.D, Hkv = a.Hkv, G = a.G;
-  const T *qp = a.qp, *kp = a.kp, *vp = a.vp;
-  const int32_t* tp = a.tp;
-  const int64_t* rp = a.rp;
-  const int32_t* lp = a.lp;
-  T* op = a.op;
-  const int64_t q_sb = a.q_sb, q_sh = a.q_sh, kv_ss = a.kv_ss, kv_sh = a.kv_sh, t_sr = a.t_sr, o_sb = a.o_sb, o_sh = a.o_sh;
-  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+  const int64_t D = a.D, Hkv = a.Hkv, G = a.G;
+  at::parallel_for(0, a.B * Hkv, 1, [&](int64_t begin, int64_t end) {
+    const Paged<T> p = a;  // a task-local copy: its fields stay in registers (no aliasing with the stores)
     std::vector<float> qf(G * D), acc(G * D), scores;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / Hkv, h = task % Hkv;
-      const int64_t L = lp[b];
-      const int32_t* slots = tp + rp[b] * t_sr;
-      for (int64_t g = 0; g < G; ++g)
-        for (int64_t d = 0; d < D; ++d)
-          qf[g * D + d] = static_cast<float>(qp[b * q_sb + (h * G + g) * q_sh + d]) * static_cast<float>(scale);
+      const int64_t L = p.lp[b];
+      const int32_t* slots = p.slots(b);
+      for (int64_t g = 0; g < G; ++g) {
+        const T* qr = p.q_row(b, h * G + g);
+        for (int64_t d = 0; d < D; ++d) qf[g * D + d] = static_cast<float>(qr[d]) * static_cast<float>(scale);
+      }
       scores.assign(G * L, 0.f);
       for (int64_t l = 0; l < L; ++l) {
-        const T* kr = kp + static_cast<int64_t>(slots[l]) * kv_ss + h * kv_sh;
+        const T* kr = p.k_row(slots[l], h);
         float kf[512];
         for (int64_t d = 0; d < D; ++d) kf[d] = static_cast<float>(kr[d]);
         for (int64_t g = 0; g < G; ++g) {
@@ -87,7 +89,7 @@ static void decode_impl(const Paged<T>& a, double scale) {
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t l = 0; l < L; ++l) {
-        const T* vr = vp + static_cast<int64_t>(slots[l]) * kv_ss + h * kv_sh;
+        const T* vr = p.v_row(slots[l], h);
         float vf[512];
         for (int64_t d = 0; d < D; ++d) vf[d] = static_cast<float>(vr[d]);
         for (int64_t g = 0; g < G; ++g) {
@@ -96,9 +98,10 @@ static void decode_impl(const Paged<T>& a, double scale) {
           for (int64_t d = 0; d < D; ++d) ag[d] += p * vf[d];
         }
       }
-      for (int64_t g = 0; g < G; ++g)
-        for (int64_t d = 0; d < D; ++d)
-          op[b * o_sb + (h * G + g) * o_sh + d] = static_cast<T>(acc[g * D + d]);
+      for (int64_t g = 0; g < G; ++g) {
+        T* orow = p.out_row(b, h * G + g);
+        for (int64_t d = 0; d < D; ++d) orow[d] = static_cast<T>(acc[g * D + d]);
+      }
     }
   });
 }
@@ -108,31 +111,25 @@ static void decode_impl(const Paged<T>& a, double scale) {
 // fp32), a vectorised two-pass softmax, p.v accumulated in fp32 registers/L1.
 static void decode_bf16_avx512(const Paged<at::BFloat16>& a, double scale) {
   using bf16 = at::BFloat16;
-  const int64_t B = a.B, D = a.D, Hkv = a.Hkv, G = a.G, C = D / 32;
-  const bf16 *qp = a.qp, *kp = a.kp, *vp = a.vp;
-  const int32_t* tp = a.tp;
-  const int64_t* rp = a.rp;
-  const int32_t* lp = a.lp;
-  bf16* op = a.op;
-  const int64_t q_sb = a.q_sb, q_sh = a.q_sh, kv_ss = a.kv_ss, kv_sh = a.kv_sh, t_sr = a.t_sr, o_sb = a.o_sb, o_sh = a.o_sh;
+  const int64_t D = a.D, Hkv = a.Hkv, G = a.G, C = D / 32;
   const float sc = static_cast<float>(scale);
-  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, a.B * Hkv, 1, [&](int64_t begin, int64_t end) {
+    const Paged<bf16> p = a;  // a task-local copy: its fields stay in registers (no aliasing with the stores)
     std::vector<float> scores;
     alignas(64) float acc[8 * 512];
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / Hkv, h = task % Hkv;
-      const int64_t L = lp[b];
-      const int32_t* slots = tp + rp[b] * t_sr;
+      const int64_t L = p.lp[b];
+      const int32_t* slots = p.slots(b);
       __m512bh qv[8][8];
       for (int64_t g = 0; g < G; ++g)
-        for (int64_t c = 0; c < C; ++c)
-          qv[g][c] = (__m512bh)_mm512_loadu_si512(qp + b * q_sb + (h * G + g) * q_sh + c * 32);
+        for (int64_t c = 0; c < C; ++c) qv[g][c] = (__m512bh)_mm512_loadu_si512(p.q_row(b, h * G + g) + c * 32);
       const int64_t Lp = (L + 15) / 16 * 16;
       scores.assign(G * Lp, -INFINITY);
       float m[8];
       for (int64_t g = 0; g < G; ++g) m[g] = -INFINITY;
       for (int64_t l = 0; l < L; ++l) {
-        const bf16* kr = kp + static_cast<int64_t>(slots[l]) * kv_ss + h * kv_sh;
+        const bf16* kr = p.k_row(slots[l], h);
         __m512bh kv[8];
         for (int64_t c = 0; c < C; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(kr + c * 32);
         for (int64_t g = 0; g < G; ++g) {
@@ -158,7 +155,7 @@ static void decode_bf16_avx512(const Paged<at::BFloat16>& a, double scale) {
       }
       std::fill(acc, acc + G * D, 0.f);
       for (int64_t l = 0; l < L; ++l) {
-        const bf16* vr = vp + static_cast<int64_t>(slots[l]) * kv_ss + h * kv_sh;
+        const bf16* vr = p.v_row(slots[l], h);
         __m512 vv[16];
         for (int64_t c = 0; c < D / 16; ++c) vv[c] = bf16x16_to_ps(vr + c * 16);
         for (int64_t g = 0; g < G; ++g) {
@@ -168,9 +165,10 @@ static void decode_bf16_avx512(const Paged<at::BFloat16>& a, double scale) {
             _mm512_storeu_ps(ag + c * 16, _mm512_fmadd_ps(pb, vv[c], _mm512_loadu_ps(ag + c * 16)));
         }
       }
-      for (int64_t g = 0; g < G; ++g)
-        for (int64_t d = 0; d < D; ++d)
-          op[b * o_sb + (h * G + g) * o_sh + d] = static_cast<bf16>(acc[g * D + d] * inv[g]);
+      for (int64_t g = 0; g < G; ++g) {
+        bf16* orow = p.out_row(b, h * G + g);
+        for (int64_t d = 0; d < D; ++d) orow[d] = static_cast<bf16>(acc[g * D + d] * inv[g]);
+      }
     }
   });
 }
@@ -195,7 +193,7 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache
   if (q.scalar_type() == at::kBFloat16) {
 #if defined(__AVX512BF16__)
     const int64_t D = q.size(2), G = q.size(1) / k_cache.size(1);
-    if (D % 32 == 0 && D <= 256 && G <= 8 && q.stride(2) == 1) {
+    if (D % 32 == 0 && D <= 256 && G <= 8) {  // q's unit stride on D is checked above
       decode_bf16_avx512(Paged<at::BFloat16>(q, k_cache, v_cache, table, rows, seq_lens, out), scale);
       return out;
     }
