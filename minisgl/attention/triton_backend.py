@@ -16,7 +16,6 @@ import torch
 
 from minisgl.attention.base import BaseAttnBackend
 from minisgl.attention.batch import ForwardBatch
-from minisgl.utils.transfer import upload
 from minisgl.kernels.attention import (
     alloc_decode_buffers,
     decode_attention,
@@ -25,6 +24,7 @@ from minisgl.kernels.attention import (
 )
 from minisgl.kernels.store_kv import store_kv
 from minisgl.kvcache.pool import KVPool
+from minisgl.utils.transfer import upload
 
 
 @dataclass(slots=True)
@@ -87,14 +87,16 @@ class TritonAttnBackend(BaseAttnBackend):
 
     def prepare(self, batch: ForwardBatch) -> None:
         if batch.phase == "decode":
-            batch_size = batch.batch_size
-            num_splits = decode_num_splits(
-                batch_size, self.num_kv_heads, self.head_dim, batch.max_seq_len, self.device
-            )
-            mid_o, mid_lse = alloc_decode_buffers(batch_size, self.num_heads, self.head_dim, num_splits, self.device)
-            batch.attn_meta = TritonDecodeMeta(batch.rows, batch.seq_lens, num_splits, mid_o, mid_lse)
+            batch.attn_meta = self._decode_meta(batch.rows, batch.seq_lens, batch.max_seq_len)
         else:
             batch.attn_meta = self._extend_meta(batch)
+
+    def _decode_meta(self, rows: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int) -> TritonDecodeMeta:
+        """Eager decode of these requests: splits for this batch, fresh scratch buffers."""
+        batch_size = rows.shape[0]
+        num_splits = decode_num_splits(batch_size, self.num_kv_heads, self.head_dim, max_seq_len, self.device)
+        mid_o, mid_lse = alloc_decode_buffers(batch_size, self.num_heads, self.head_dim, num_splits, self.device)
+        return TritonDecodeMeta(rows, seq_lens, num_splits, mid_o, mid_lse)
 
     def _extend_meta(self, batch: ForwardBatch) -> TritonExtendMeta:
         lens = batch.extend_lens_cpu
@@ -104,13 +106,10 @@ class TritonAttnBackend(BaseAttnBackend):
         many = [i for i, n in enumerate(lens) if n != 1]
         index = upload(one + many, torch.int64, self.device)  # one non-blocking copy
         one_t, many_t = index[: len(one)], index[len(one) :]
-        num_splits = decode_num_splits(
-            len(one), self.num_kv_heads, self.head_dim, max(batch.seq_lens_cpu[i] for i in one), self.device
-        )
-        mid_o, mid_lse = alloc_decode_buffers(len(one), self.num_heads, self.head_dim, num_splits, self.device)
-        decode = TritonDecodeMeta(
-            batch.rows.index_select(0, one_t), batch.seq_lens.index_select(0, one_t), num_splits, mid_o, mid_lse
-        )
+        decode = self._decode_meta(
+            batch.rows.index_select(0, one_t), batch.seq_lens.index_select(0, one_t),
+            max(batch.seq_lens_cpu[i] for i in one),
+        )  # fmt: skip
         split = MixedSplit(
             token_idx=batch.extend_starts.index_select(0, one_t).long(),
             decode=decode,
