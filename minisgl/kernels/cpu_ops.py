@@ -28,7 +28,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from minisgl.kernels.activation_ref import silu_and_mul_ref
 from minisgl.kernels.cpp_ext import CppExtension
+from minisgl.kernels.norm_ref import fused_add_rms_norm_ref, rms_norm_ref
+from minisgl.kernels.rotary_ref import qk_norm_rotary_ref, rotary_ref
 
 # Vector math shared by the C++ CPU kernels (this module's and `cpu_attention`'s), prepended to
 # their sources. Compiled only where the CPU has AVX-512 BF16 (`-march=native`).
@@ -404,8 +407,6 @@ def _ready(x: torch.Tensor) -> bool:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if _ready(x) and weight.dtype == torch.bfloat16 and x.stride(-1) == 1:
         return _module.rms_norm(x, weight, eps)
-    from minisgl.kernels.norm_ref import rms_norm_ref
-
     return rms_norm_ref(x, weight, eps)
 
 
@@ -417,8 +418,6 @@ def fused_add_rms_norm(
         and x.is_contiguous() and residual.is_contiguous() and weight.is_contiguous() and x.shape == residual.shape
     ):  # fmt: skip
         return _module.add_rms_norm(x, residual, weight, eps)
-    from minisgl.kernels.norm_ref import fused_add_rms_norm_ref
-
     return fused_add_rms_norm_ref(x, residual, weight, eps)
 
 
@@ -436,8 +435,6 @@ def rotary(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if _rotary_ok(positions, q, k, cos, sin):
         return _module.rotary(positions.contiguous(), q, k, cos, sin, None, None, 0.0, 0.0)
-    from minisgl.kernels.rotary_ref import rotary_ref
-
     return rotary_ref(positions, q, k, cos, sin)
 
 
@@ -447,16 +444,12 @@ def qk_norm_rotary(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     if _rotary_ok(positions, q, k, cos, sin) and q_weight.dtype == k_weight.dtype == torch.bfloat16:
         return _module.rotary(positions.contiguous(), q, k, cos, sin, q_weight, k_weight, q_eps, k_eps)
-    from minisgl.kernels.rotary_ref import qk_norm_rotary_ref
-
     return qk_norm_rotary_ref(positions, q, k, cos, sin, q_weight, k_weight, q_eps, k_eps)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if _ready(x):
         return _module.silu_and_mul(x)
-    from minisgl.kernels.activation_ref import silu_and_mul_ref
-
     return silu_and_mul_ref(x)
 
 

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import all_gather_last_dim, all_reduce, get_tp_info
-from minisgl.kernels import cpu_ops
+from minisgl.layers.linear import select_linear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -41,8 +41,12 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Output projection over the (sharded) vocabulary; logits gathered to full vocab on every rank."""
 
+    def __init__(self, vocab_size: int, hidden: int) -> None:
+        super().__init__(vocab_size, hidden)
+        self._linear = select_linear(self.weight)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = cpu_ops.linear(hidden, self.weight)
+        logits = self._linear(hidden, self.weight)
         if self.tp_size > 1:
             logits = all_gather_last_dim(logits)
         return logits[..., : self.vocab_size]

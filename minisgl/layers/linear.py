@@ -14,9 +14,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import all_reduce, divide, get_tp_info
-from minisgl.kernels import cpu_ops
+from minisgl.kernels.impl import resolve_impl
 
 WeightLoader = Callable[..., None]
+LinearFn = Callable[..., torch.Tensor]
+
+
+def select_linear(weight: torch.Tensor) -> LinearFn:
+    """`F.linear`, or, for a model built in bf16 on CPU, the C++ GEMV / small GEMM that falls back
+    to it for larger batches (`kernels/cpu_ops.py`). Chosen once per layer, as `kernels.impl` does
+    for the fused ops."""
+    if resolve_impl("auto", weight.device) == "cpu":
+        from minisgl.kernels import cpu_ops
+
+        return cpu_ops.linear
+    return F.linear
 
 
 def _set_loader(param: nn.Parameter, loader: WeightLoader) -> None:
@@ -36,6 +48,7 @@ class ColumnParallelLinear(nn.Module):
         self.tp_rank, self.tp_size = tp.rank, tp.size
         self.out_per_rank = divide(out_features, tp.size, "output features")
         self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features))
+        self._linear = select_linear(self.weight)
         _set_loader(self.weight, self._load)
         self.bias = nn.Parameter(torch.empty(self.out_per_rank)) if bias else None
         if self.bias is not None:
@@ -45,7 +58,7 @@ class ColumnParallelLinear(nn.Module):
         _copy(param, loaded.narrow(0, self.tp_rank * self.out_per_rank, self.out_per_rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return cpu_ops.linear(x, self.weight, self.bias)
+        return self._linear(x, self.weight, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -102,6 +115,7 @@ class RowParallelLinear(nn.Module):
         self.tp_rank, self.tp_size = tp.rank, tp.size
         self.in_per_rank = divide(in_features, tp.size, "input features")
         self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank))
+        self._linear = select_linear(self.weight)
         _set_loader(self.weight, self._load_weight)
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         if self.bias is not None:
@@ -111,7 +125,7 @@ class RowParallelLinear(nn.Module):
         _copy(param, loaded.narrow(1, self.tp_rank * self.in_per_rank, self.in_per_rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = cpu_ops.linear(x, self.weight)
+        out = self._linear(x, self.weight)
         out = all_reduce(out)
         # Bias is added once, after the reduction.
         return out if self.bias is None else out + self.bias

@@ -117,6 +117,7 @@ def test_other_inputs_take_the_references() -> None:
 
 def test_layers_choose_cpu_kernels_in_bf16_only() -> None:
     from minisgl.layers.activation import SiluAndMul
+    from minisgl.layers.linear import ColumnParallelLinear
     from minisgl.layers.norm import RMSNorm
     from minisgl.layers.rotary import RotaryEmbedding
 
@@ -127,9 +128,11 @@ def test_layers_choose_cpu_kernels_in_bf16_only() -> None:
             assert RMSNorm(16, 1e-6).impl == "cpu"
             assert RotaryEmbedding(16, 32, 10000.0, None).impl == "cpu"
             assert SiluAndMul().impl == "cpu"
+            assert ColumnParallelLinear(64, 32)._linear is cpu_ops.linear
             torch.set_default_dtype(torch.float32)
             assert RMSNorm(16, 1e-6).impl == "torch"
             assert SiluAndMul().impl == "torch"
+            assert ColumnParallelLinear(64, 32)._linear is F.linear
     finally:
         torch.set_default_dtype(default)
 
