@@ -73,6 +73,7 @@ def _tp_rank_main(args: argparse.Namespace, rank: int, port: int, results: Any) 
 def run_minisgl_tp(args: argparse.Namespace) -> dict[str, Any]:
     """`--tp N`: N spawned ranks (GPU r for rank r on CUDA, gloo on CPU); rank 0's record."""
     import multiprocessing as mp
+    import queue
 
     from minisgl.distributed.group import host_store
 
@@ -89,7 +90,7 @@ def run_minisgl_tp(args: argparse.Namespace) -> dict[str, Any]:
                 break
             try:
                 rank, record = results.get(timeout=5.0)
-            except Exception:  # queue.Empty: look at the processes again
+            except queue.Empty:  # look at the processes again
                 continue
             got[rank] = record
             if isinstance(record, str):

@@ -285,7 +285,7 @@ class DrainingServer(uvicorn.Server):
     (`shutdown_timeout` seconds at most for requests in flight); a second signal stops at once,
     as plain uvicorn does."""
 
-    def __init__(self, config: uvicorn.Config, guard: AdmissionGuard | GuardedApp, shutdown_timeout: float) -> None:
+    def __init__(self, config: uvicorn.Config, guard: GuardedApp, shutdown_timeout: float) -> None:
         super().__init__(config)
         self.guard = guard
         self.shutdown_timeout = shutdown_timeout
