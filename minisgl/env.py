@@ -28,6 +28,7 @@ class Env:
     num_threads: int  # 0: let torch decide
     triton_interpret: bool
     fused_kernels: bool
+    pdl: bool
     default_dtype: str | None
 
     @staticmethod
@@ -43,6 +44,8 @@ class Env:
             # Fused Triton norm/rotary/SiLU/sampling kernels on CUDA (MINISGL_FUSED_KERNELS=0: the
             # torch references instead, for ablation).
             fused_kernels=_bool("MINISGL_FUSED_KERNELS", True),
+            # Programmatic dependent launch of the Triton kernels on sm90+ (kernels/pdl.py).
+            pdl=_bool("MINISGL_PDL", True),
             # What `--dtype auto` means, overriding the platform's choice (e.g. float32 on CPU).
             default_dtype=os.environ.get("MINISGL_DEFAULT_DTYPE") or None,
         )

@@ -9,6 +9,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from minisgl.kernels.pdl import pdl_args
 
 _BLOCK = 1024
 
@@ -21,7 +24,10 @@ def _silu_and_mul_kernel(
     stride_ot,
     N: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()  # the previous kernel's writes are visible from here on (kernels/pdl.py)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
@@ -43,6 +49,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return out
     block = min(_BLOCK, triton.next_power_of_2(n))
     _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](
-        x2, out2, x2.stride(0), out2.stride(0), N=n, BLOCK=block, num_warps=max(1, min(4, block // 256))
+        x2, out2, x2.stride(0), out2.stride(0), N=n, BLOCK=block, num_warps=max(1, min(4, block // 256)), **pdl_args(x.device)
     )
     return out

@@ -14,6 +14,9 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from minisgl.kernels.pdl import pdl_args
 
 _LOG2E = 1.4426950408889634
 
@@ -91,7 +94,10 @@ def _extend_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()  # the previous kernel's writes are visible from here on (kernels/pdl.py)
     req = tl.program_id(0)
     head = tl.program_id(1)
     m_start = tl.program_id(2) * BLOCK_M
@@ -181,9 +187,12 @@ def _decode_split_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Stage 1: partial attention of all q heads of one kv head over one split of the sequence.
     With a single split the partial result is the answer: it goes straight to `o` (no stage 2)."""
+    if PDL:
+        gdc_wait()  # the previous kernel's writes are visible from here on (kernels/pdl.py)
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -246,8 +255,11 @@ def _decode_reduce_kernel(
     SPLITS_POW2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Stage 2: merge the splits of one (request, q head) by their log-sum-exp weights."""
+    if PDL:
+        gdc_wait()  # the previous kernel's writes are visible from here on (kernels/pdl.py)
     req = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_POW2)
@@ -360,6 +372,7 @@ def extend_attention(
         PRECISION=_precision(q.dtype),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        **pdl_args(q.device),
     )  # fmt: skip
     return out
 
@@ -449,6 +462,7 @@ def decode_attention(
         # slower at D 64, 8 warps up to 60% slower); wider heads get 4 to keep tiles in registers.
         num_warps=num_warps or (2 if head_dim <= 128 else 4),
         num_stages=num_stages,
+        **pdl_args(q.device),
     )  # fmt: skip
     if num_splits == 1:
         return out
@@ -461,6 +475,7 @@ def decode_attention(
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         num_warps=4 if head_dim >= 128 else 2,
+        **pdl_args(q.device),
     )  # fmt: skip
     return out
 

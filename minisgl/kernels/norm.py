@@ -13,6 +13,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from minisgl.kernels.pdl import pdl_args
 
 # Elements one program normalises: several short rows (per-head norms, D = 64..256) share a
 # program so prefill does not launch T * H tiny programs; one long row (hidden 4096+) is alone.
@@ -43,7 +46,10 @@ def _rms_norm_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()  # the previous kernel's writes are visible from here on (kernels/pdl.py)
     # Rows are (outer, inner) pairs so a [T, H, D] head view of a fused qkv buffer is read in
     # place: its T and H strides do not merge into one row stride.
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -109,6 +115,7 @@ def _launch(
         eps,
         N=n, BLOCK_R=block_r, BLOCK_N=block_n, HAS_RESIDUAL=residual is not None,
         num_warps=max(1, min(8, block_r * block_n // 256)),
+        **pdl_args(x.device),
     )  # fmt: skip
 
 

@@ -14,6 +14,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from minisgl.kernels.pdl import pdl_args
 
 # Head-block size in elements: decode (a few tokens) still gets a few programs per token, and
 # prefill does not launch T * H programs of one head each.
@@ -91,7 +94,10 @@ def _rotary_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()  # the previous kernel's writes are visible from here on (kernels/pdl.py)
     token = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
     pos = tl.load(pos_ptr + token).to(tl.int64)
@@ -158,6 +164,7 @@ def _launch(
         cos.stride(0), q_eps, k_eps,
         HALF=half, BLOCK_H=block_h, BLOCK_HALF=block_half, HAS_NORM=norm is not None,
         num_warps=max(1, min(4, block_h * block_half // 128)),
+        **pdl_args(q.device),
     )  # fmt: skip
     return q_out, k_out
 

@@ -22,6 +22,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from minisgl.kernels.pdl import pdl_args
 
 _SPLIT = 8192  # vocab entries per program
 _BLOCK = 1024
@@ -41,11 +44,14 @@ def _gumbel_argmax_kernel(
     seed,
     SPLIT: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()  # the previous kernel's writes are visible from here on (kernels/pdl.py)
     row = tl.program_id(0)
     split = tl.program_id(1)
     temperature = tl.load(temp_ptr + row)
-    inv_t = 1.0 / tl.maximum(temperature, 1e-20)
+    inv_t = 1.4426950408889634 / tl.maximum(temperature, 1e-20)  # log2(e) / T
     best_val = tl.full([BLOCK], float("-inf"), tl.float32)
     best_idx = tl.zeros([BLOCK], tl.int32)
     lanes = tl.arange(0, BLOCK)
@@ -63,8 +69,9 @@ def _gumbel_argmax_kernel(
             h *= 0xC2B2AE35
             h ^= h >> 16
             u = (h >> 8).to(tl.float32) * (1.0 / 16777216.0) + (0.5 / 16777216.0)  # in (0, 1)
-            gumbel = -tl.log(-tl.log(u))
-            x = tl.where(mask, x * inv_t + gumbel, float("-inf"))
+            # Scores in log2 units: log2(e) * (x / T + Gumbel) = x * log2(e) / T - log2(-log2(u))
+            # plus a constant, so the argmax is the same; log2 is one fast hardware op.
+            x = tl.where(mask, x * inv_t - tl.log2(-tl.log2(u)), float("-inf"))
         better = x > best_val  # strict: each lane keeps its first maximum
         best_val = tl.where(better, x, best_val)
         best_idx = tl.where(better, offs, best_idx)
@@ -90,7 +97,7 @@ def gumbel_sample(logits: torch.Tensor, temperature: torch.Tensor, seed: int) ->
         return torch.empty(0, dtype=torch.int64, device=logits.device)
     _gumbel_argmax_kernel[(rows, num_splits)](
         logits, temperature.float(), values, indices, logits.stride(0), vocab, num_splits, seed & 0x7FFFFFFF,
-        SPLIT=split, BLOCK=block, num_warps=4,
+        SPLIT=split, BLOCK=block, num_warps=4, **pdl_args(logits.device),
     )  # fmt: skip
     best = values.argmax(dim=1, keepdim=True)
     return indices.gather(1, best).squeeze(1).long()

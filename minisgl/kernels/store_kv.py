@@ -9,6 +9,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from minisgl.kernels.pdl import pdl_args
 
 
 @triton.jit
@@ -30,7 +33,10 @@ def _store_kv_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()  # the previous kernel's writes are visible from here on (kernels/pdl.py)
     token = tl.program_id(0).to(tl.int64)
     # int64: slot * slot stride overflows int32 on large pools.
     slot = tl.load(loc_ptr + token).to(tl.int64)
@@ -63,6 +69,7 @@ def store_kv(
         BLOCK_H=triton.next_power_of_2(num_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
         num_warps=1 if num_heads * head_dim <= 1024 else 4,
+        **pdl_args(k.device),
     )  # fmt: skip
 
 
