@@ -2,7 +2,7 @@
 # One call on the GPU machine: install the carried wheels, run the GPU tests, run the benchmarks,
 # print a table last. Usage (through the device tool, with carry [".whl"]):
 #   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,host,check,backend,profile,prefill,workload,sweep,main,
-#                                       pdl,gemm,gaps,ablate,bench,bench8b,moe,hf,tp (tp: two GPUs) or all
+#                                       pdl,gemm,gaps,hostprefill,ablate,bench,bench8b,moe,hf,tp (tp: two GPUs) or all
 # Results land in $OUT (if set) as gpu_tests.log, profile_*.txt and bench.jsonl.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +43,7 @@ has prefill && timeout 150 python3 scripts/profile_gpu_prefill.py 16 512 2>&1 | 
 has pdl && timeout 60 python3 scripts/probe_pdl.py 2>&1 | tee "$OUT/pdl.txt"
 has gemm && timeout 240 python3 scripts/sweep_gemm.py ${GEMM_ARGS:-} 2>&1 | tee "$OUT/gemm.txt" | tail -40
 has gaps && timeout 150 python3 scripts/trace_gaps.py configs/qwen3-0.6b 2>&1 | grep -v INFO | tee "$OUT/gaps.txt"
+has hostprefill && timeout 150 python3 scripts/profile_prefill_host.py 2>&1 | grep -v INFO | tee "$OUT/hostprefill.txt" | head -45
 has workload && timeout 120 python3 scripts/profile_workload.py configs/qwen3-0.6b 2>&1 | grep -v INFO | tee "$OUT/workload.txt"
 if has profile; then
     for shape in ${PROFILE_SHAPES:-1:128 256:512}; do  # batch size:prompt length
@@ -64,7 +65,7 @@ fi
 has main && bench qwen3-0.6b 110 $W  # the headline run alone
 if has ablate; then  # switches under study, each against the headline run of the same call
     MINISGL_PDL=0 bench qwen3-0.6b-nopdl 110 $W
-    bench qwen3-0.6b-prefill16k 110 $W --max-prefill-tokens 16384
+    bench qwen3-0.6b-prefill8k 110 $W --max-prefill-tokens 8192
 fi
 has bench8b && bench qwen3-8b 130 --model configs/qwen3-8b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
 has moe && bench qwen3-30b-a3b 200 --model configs/qwen3-30b-a3b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0

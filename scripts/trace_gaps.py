@@ -68,6 +68,14 @@ def analyse(label: str, trace_path: str, steps: int) -> None:
     for edge, (n, total) in zip(BINS, bins):
         print(f"   gaps {lo:>5.0f}-{edge:<5.0f} us: {n:>6} gaps, {total / 1e3:8.2f} ms ({total / steps:7.1f} us/step)")
         lo = edge
+    per_kernel: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    for e in device:
+        k = per_kernel[short(e["name"])]
+        k[0] += 1
+        k[1] += e["dur"]
+    print("   most device time (per step, count, mean):")
+    for name, (n, total) in sorted(per_kernel.items(), key=lambda kv: -kv[1][1])[:14]:
+        print(f"   {total / steps:7.1f} us/step {n:>6}x {total / n:7.2f} us  {name}")
     print("   most gap time between (previous -> next):")
     for (a, b), (n, total) in sorted(pairs.items(), key=lambda kv: -kv[1][1])[:14]:
         print(f"   {total / steps:7.1f} us/step {n:>6}x {total / n:6.2f} us  {a} -> {b}")

@@ -1,10 +1,20 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import NamedTuple
 
 import torch
 
 from minisgl.attention.batch import ForwardBatch
+
+
+class KVStore(NamedTuple):
+    """One layer's K/V caches [slots, Hkv, D] and the slots of the batch's new tokens [T]: where a
+    kernel before attention (the fused rotary) may write the new k and v itself."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    out_loc: torch.Tensor
 
 
 class BaseAttnBackend(ABC):
@@ -14,11 +24,17 @@ class BaseAttnBackend(ABC):
     def prepare(self, batch: ForwardBatch) -> None:
         """Build per-batch metadata (stored on `batch.attn_meta`) once before the layers run."""
 
+    def kv_store(self, layer_id: int, batch: ForwardBatch) -> KVStore | None:
+        """Where the caller may store this layer's new k/v itself (then it passes none to
+        `forward`), or None: `forward` stores them."""
+        return None
+
     @abstractmethod
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+        self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer_id: int, batch: ForwardBatch
     ) -> torch.Tensor:
-        """Store the new k/v ([T, Hkv, D]) at `batch.out_loc`, then attend.
+        """Store the new k/v ([T, Hkv, D]) at `batch.out_loc` (None: already stored through
+        `kv_store`), then attend.
 
         q: [T, Hq, D]. Returns [T, Hq, D]. Causal: new token j of a request with prefix length p
         sees positions <= p + j.

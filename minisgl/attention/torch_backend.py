@@ -77,8 +77,9 @@ class TorchAttnBackend(BaseAttnBackend):
         batch.attn_meta = meta
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+        self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer_id: int, batch: ForwardBatch
     ) -> torch.Tensor:
+        assert k is not None and v is not None, "this backend offers no kv_store: it stores k/v itself"
         self.pool.store(layer_id, batch.out_loc, k, v)
         meta: TorchAttnMeta = batch.attn_meta
         k_cache, v_cache = self.pool.k[layer_id], self.pool.v[layer_id]

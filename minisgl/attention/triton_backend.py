@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minisgl.attention.base import BaseAttnBackend
+from minisgl.attention.base import BaseAttnBackend, KVStore
 from minisgl.attention.batch import ForwardBatch
 from minisgl.kernels.attention import (
     alloc_decode_buffers,
@@ -120,12 +120,17 @@ class TritonAttnBackend(BaseAttnBackend):
         )
         return TritonExtendMeta(max((lens[i] for i in many), default=0), split)
 
+    def kv_store(self, layer_id: int, batch: ForwardBatch) -> KVStore:
+        # The fused rotary kernel writes k and v into the pool, saving the store launch per layer.
+        return KVStore(self.pool.k[layer_id], self.pool.v[layer_id], batch.out_loc)
+
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+        self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer_id: int, batch: ForwardBatch
     ) -> torch.Tensor:
         k_cache, v_cache = self.pool.k[layer_id], self.pool.v[layer_id]
-        kv_shape = (-1, self.num_kv_heads, self.head_dim)
-        store_kv(k.view(kv_shape), v.view(kv_shape), k_cache, v_cache, batch.out_loc)
+        if k is not None and v is not None:
+            kv_shape = (-1, self.num_kv_heads, self.head_dim)
+            store_kv(k.view(kv_shape), v.view(kv_shape), k_cache, v_cache, batch.out_loc)
         q = q.view(-1, self.num_heads, self.head_dim)
         meta = batch.attn_meta
         if isinstance(meta, TritonDecodeMeta):

@@ -163,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--num-pages", type=int, default=None)
     p.add_argument("--max-running-requests", type=int, default=256)
-    p.add_argument("--max-prefill-tokens", type=int, default=8192)
+    p.add_argument("--max-prefill-tokens", type=int, default=None,
+                   help="prefill tokens per step (default: the LLM class's, 16384 on GPUs of >= 70 GiB, else 8192)")
     p.add_argument("--cuda-graph-max-bs", type=int, default=256, help="0 disables CUDA graphs")
     p.add_argument("--cache", default="radix", choices=["radix", "naive"])
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (one process and GPU each)")

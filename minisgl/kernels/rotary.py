@@ -29,6 +29,7 @@ def _rope_heads(
     out_ptr,
     w_ptr,
     token,
+    out_row,
     head_start,
     num_heads,
     stride_xt,
@@ -61,7 +62,7 @@ def _rope_heads(
     # out1 = x1*cos + (-x2)*sin, out2 = x2*cos + x1*sin, each term rounded as eager torch does.
     out1 = ((x1 * cos).to(dtype).to(tl.float32) + ((-x2) * sin).to(dtype).to(tl.float32)).to(dtype)
     out2 = ((x2 * cos).to(dtype).to(tl.float32) + (x1 * sin).to(dtype).to(tl.float32)).to(dtype)
-    out_offs = token * stride_ot + heads.to(tl.int64)[:, None] * stride_oh + dims[None, :]
+    out_offs = out_row * stride_ot + heads.to(tl.int64)[:, None] * stride_oh + dims[None, :]
     tl.store(out_ptr + out_offs, out1, mask=mask)
     tl.store(out_ptr + out_offs + HALF, out2, mask=mask)
 
@@ -77,6 +78,9 @@ def _rotary_kernel(
     pos_ptr,
     cos_ptr,
     sin_ptr,
+    v_ptr,
+    v_out_ptr,
+    loc_ptr,
     num_q_heads,
     num_k_heads,
     stride_qt,
@@ -88,12 +92,17 @@ def _rotary_kernel(
     stride_kot,
     stride_koh,
     stride_cos,
+    stride_vt,
+    stride_vh,
+    stride_vot,
+    stride_voh,
     q_eps,
     k_eps,
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    STORE_KV: tl.constexpr,
     PDL: tl.constexpr,
 ):
     if PDL:
@@ -107,19 +116,31 @@ def _rotary_kernel(
     cos = tl.load(cos_ptr + pos * stride_cos + dims, mask=dims < HALF, other=0.0).to(dtype).to(tl.float32)[None, :]
     sin = tl.load(sin_ptr + pos * stride_cos + dims, mask=dims < HALF, other=0.0).to(dtype).to(tl.float32)[None, :]
     num_q_blocks = tl.cdiv(num_q_heads, BLOCK_H)
-    # Axis 1 covers q's head blocks, then k's: one launch for both tensors.
+    num_k_blocks = tl.cdiv(num_k_heads, BLOCK_H)
+    # With STORE_KV, k (rotated) and v go straight to their cache slot: row `loc[token]` of the
+    # k/v outputs, which are then the layer's KV pool (the separate store kernel is saved).
+    kv_row = tl.load(loc_ptr + token).to(tl.int64) if STORE_KV else token
+    # Axis 1 covers q's head blocks, then k's, then (STORE_KV) v's: one launch for all.
     if block < num_q_blocks:
         _rope_heads(
-            q_ptr, q_out_ptr, qw_ptr, token, block * BLOCK_H, num_q_heads,
+            q_ptr, q_out_ptr, qw_ptr, token, token, block * BLOCK_H, num_q_heads,
             stride_qt, stride_qh, stride_qot, stride_qoh, cos, sin, q_eps,
             HALF, BLOCK_H, BLOCK_HALF, HAS_NORM,
         )  # fmt: skip
-    else:
+    elif block < num_q_blocks + num_k_blocks:
         _rope_heads(
-            k_ptr, k_out_ptr, kw_ptr, token, (block - num_q_blocks) * BLOCK_H, num_k_heads,
+            k_ptr, k_out_ptr, kw_ptr, token, kv_row, (block - num_q_blocks) * BLOCK_H, num_k_heads,
             stride_kt, stride_kh, stride_kot, stride_koh, cos, sin, k_eps,
             HALF, BLOCK_H, BLOCK_HALF, HAS_NORM,
         )  # fmt: skip
+    else:
+        heads = (block - num_q_blocks - num_k_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
+        full = tl.arange(0, 2 * BLOCK_HALF)
+        mask = (heads < num_k_heads)[:, None] & (full < 2 * HALF)[None, :]
+        heads = heads.to(tl.int64)[:, None]
+        v = tl.load(v_ptr + token * stride_vt + heads * stride_vh + full[None, :], mask=mask)
+        v_dst = v_out_ptr + kv_row * stride_vot + heads * stride_voh + full[None, :]
+        tl.store(v_dst, v.to(v_out_ptr.dtype.element_ty), mask=mask)
 
 
 def _launch(
@@ -130,7 +151,10 @@ def _launch(
     sin: torch.Tensor,
     norm: tuple[torch.Tensor, torch.Tensor, float, float] | None,
     inplace: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Launch for all entry points; `store` = (v, k_cache, v_cache, out_loc) sends k and v to the
+    cache (then no k is returned)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_k_heads = k.shape[1]
     half = head_dim // 2
@@ -144,29 +168,36 @@ def _launch(
         assert q_weight.is_contiguous() and k_weight.is_contiguous()
         out_dtype = torch.promote_types(q.dtype, q_weight.dtype)
     if inplace:
-        assert out_dtype == q.dtype, "in place needs a norm weight no wider than q"
+        assert out_dtype == q.dtype and store is None, "in place needs a norm weight no wider than q"
         q_out, k_out = q, k
     else:
         q_out = torch.empty(q.shape, dtype=out_dtype, device=q.device)
-        k_out = torch.empty(k.shape, dtype=out_dtype, device=k.device)
+        k_out = torch.empty(k.shape, dtype=out_dtype, device=k.device) if store is None else store[1]
+    v, v_out, loc = q, q, positions  # placeholders, never read without a store
+    if store is not None:
+        v, _, v_out, loc = store
+        assert v.shape == k.shape and v.stride(2) == 1 and loc.shape == (num_tokens,)
+        assert k_out.shape[1:] == k.shape[1:] and v_out.shape == k_out.shape and k_out.stride(2) == v_out.stride(2) == 1
+        assert k_out.dtype == out_dtype, "the cache dtype must be the rotated k's (rounding is done in it)"
     if num_tokens == 0:
-        return q_out, k_out
+        return q_out, None if store is not None else k_out
     block_half = triton.next_power_of_2(half)
     block_h = max(1, min(_TILE_ELEMS // (2 * block_half), triton.next_power_of_2(max(num_q_heads, num_k_heads))))
-    grid = (num_tokens, triton.cdiv(num_q_heads, block_h) + triton.cdiv(num_k_heads, block_h))
+    k_blocks = triton.cdiv(num_k_heads, block_h)
+    grid = (num_tokens, triton.cdiv(num_q_heads, block_h) + k_blocks * (2 if store is not None else 1))
     # Without a norm the weight pointers are never read; q stands in for them.
     q_weight, k_weight, q_eps, k_eps = norm if norm is not None else (q, q, 0.0, 0.0)
     _rotary_kernel[grid](
-        q, k, q_out, k_out, q_weight, k_weight, positions, cos, sin,
+        q, k, q_out, k_out, q_weight, k_weight, positions, cos, sin, v, v_out, loc,
         num_q_heads, num_k_heads,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
-        cos.stride(0), q_eps, k_eps,
-        HALF=half, BLOCK_H=block_h, BLOCK_HALF=block_half, HAS_NORM=norm is not None,
+        cos.stride(0), v.stride(0), v.stride(1), v_out.stride(0), v_out.stride(1), q_eps, k_eps,
+        HALF=half, BLOCK_H=block_h, BLOCK_HALF=block_half, HAS_NORM=norm is not None, STORE_KV=store is not None,
         num_warps=max(1, min(4, block_h * block_half // 128)),
         **pdl_args(q.device),
     )  # fmt: skip
-    return q_out, k_out
+    return q_out, None if store is not None else k_out
 
 
 def rotary(
@@ -180,7 +211,9 @@ def rotary(
     """q [T, Hq, D], k [T, Hk, D] (any token/head strides), positions [T] (int32/int64), fp32
     tables cos/sin [max_positions, D/2] -> rotated (q, k): new contiguous tensors, or q and k
     themselves with `inplace`."""
-    return _launch(positions, q, k, cos, sin, None, inplace)
+    q_out, k_out = _launch(positions, q, k, cos, sin, None, inplace)
+    assert k_out is not None
+    return q_out, k_out
 
 
 def qk_norm_rotary(
@@ -196,4 +229,24 @@ def qk_norm_rotary(
     inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`rotary` after a per-head RMSNorm of q and k (weights [D]), all in one launch."""
-    return _launch(positions, q, k, cos, sin, (q_weight, k_weight, q_eps, k_eps), inplace)
+    q_out, k_out = _launch(positions, q, k, cos, sin, (q_weight, k_weight, q_eps, k_eps), inplace)
+    assert k_out is not None
+    return q_out, k_out
+
+
+def rotary_store_kv(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out_loc: torch.Tensor,
+    norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None,
+) -> torch.Tensor:
+    """`rotary` / `qk_norm_rotary` (with `norm` = (q_weight, k_weight, q_eps, k_eps)) whose k, and
+    v unchanged, are written to slots `out_loc` [T] of the layer caches [slots, Hk, D] in the same
+    launch, which replaces `store_kv`. Returns the rotated q."""
+    return _launch(positions, q, k, cos, sin, norm, False, (v, k_cache, v_cache, out_loc))[0]

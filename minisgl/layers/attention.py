@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minisgl.attention.base import BaseAttnBackend
+from minisgl.attention.base import BaseAttnBackend, KVStore
 from minisgl.attention.batch import current_batch
 
 
@@ -18,7 +18,13 @@ class AttentionLayer(nn.Module):
         self.head_dim = head_dim
         self.backend: BaseAttnBackend | None = None  # bound by the engine once the KV pool exists
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def kv_store(self) -> KVStore | None:
+        """Where this layer's new k/v may be written before `forward` (which then gets none), or
+        None when the backend stores them itself."""
+        assert self.backend is not None, "attention backend not bound"
+        return self.backend.kv_store(self.layer_id, current_batch())
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> torch.Tensor:
         assert self.backend is not None, "attention backend not bound"
         out = self.backend.forward(q, k, v, self.layer_id, current_batch())
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)

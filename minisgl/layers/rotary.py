@@ -6,6 +6,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from minisgl.attention.base import KVStore
 from minisgl.kernels.impl import KernelImpl, resolve_impl
 from minisgl.kernels.rotary_ref import qk_norm_rotary_ref, rotary_ref
 from minisgl.layers.norm import RMSNorm
@@ -63,11 +64,13 @@ class RotaryEmbedding(nn.Module):
         self.impl = resolve_impl(impl, self.cos.device)
         self._rotary: RotaryFn = rotary_ref
         self._qk_norm_rotary: RotaryFn = qk_norm_rotary_ref
+        self._rotary_store_kv: Callable[..., torch.Tensor] | None = None
         if self.impl == "triton":
             # Imported here so the CPU path never imports triton.
-            from minisgl.kernels.rotary import qk_norm_rotary, rotary
+            from minisgl.kernels.rotary import qk_norm_rotary, rotary, rotary_store_kv
 
             self._rotary, self._qk_norm_rotary = rotary, qk_norm_rotary
+            self._rotary_store_kv = rotary_store_kv
         elif self.impl == "cpu":
             from minisgl.kernels import cpu_ops
 
@@ -83,4 +86,26 @@ class RotaryEmbedding(nn.Module):
         """`forward(positions, q_norm(q), k_norm(k))` (Qwen3's per-head norms), one launch on CUDA."""
         return self._qk_norm_rotary(
             positions, q, k, self.cos, self.sin, q_norm.weight, k_norm.weight, q_norm.eps, k_norm.eps
+        )
+
+    @property
+    def stores_kv(self) -> bool:
+        """Whether `forward_store` is one fused kernel (Triton); elsewhere it is not offered."""
+        return self._rotary_store_kv is not None
+
+    def forward_store(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        store: KVStore,
+        norms: tuple[RMSNorm, RMSNorm] | None = None,
+    ) -> torch.Tensor:
+        """`forward` (or `forward_qk_norm` with `norms`) that writes the rotated k, and v, into the
+        layer cache slots of `store` in the same launch (no separate KV store); returns q."""
+        assert self._rotary_store_kv is not None, "only the Triton implementation stores k/v (see stores_kv)"
+        eps = (norms[0].weight, norms[1].weight, norms[0].eps, norms[1].eps) if norms is not None else None
+        return self._rotary_store_kv(
+            positions, q, k, v, self.cos, self.sin, store.k_cache, store.v_cache, store.out_loc, eps
         )

@@ -28,7 +28,7 @@ class LLM:
         dummy_weights: bool = False,
         attn: str | None = None,
         max_running_requests: int = 256,
-        max_prefill_tokens: int = 8192,
+        max_prefill_tokens: int | None = None,  # None: the platform's offline default
         cache: str = "radix",
         max_model_len: int | None = None,
         cuda_graph_max_bs: int = 256,

@@ -42,8 +42,12 @@ class SelfAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.rotary.forward_qk_norm(positions, q, k, self.q_norm, self.k_norm)
+        norms = (self.q_norm, self.k_norm) if self.q_norm is not None and self.k_norm is not None else None
+        store = self.attn.kv_store() if self.rotary.stores_kv else None
+        if store is not None:  # one kernel for the q/k norms, rotary and the KV store
+            return self.o_proj(self.attn(self.rotary.forward_store(positions, q, k, v, store, norms)))
+        if norms is not None:
+            q, k = self.rotary.forward_qk_norm(positions, q, k, *norms)
         else:
             q, k = self.rotary(positions, q, k)
         return self.o_proj(self.attn(q, k, v))

@@ -34,5 +34,10 @@ class BasePlatform(ABC):
     @abstractmethod
     def synchronize(self) -> None: ...
 
+    def offline_prefill_tokens(self) -> int:
+        """Prefill tokens per step when an offline run (`LLM`, `bench offline`) sets none: the
+        server keeps 8192 for latency; offline jobs only care about throughput."""
+        return 8192
+
     def set_device(self) -> None:
         """Bind this process to its device (no-op on CPU)."""

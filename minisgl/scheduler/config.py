@@ -7,7 +7,8 @@ from typing import Literal
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_running_requests: int = 256
-    max_prefill_tokens: int = 8192  # prefill tokens per step (decodes are not counted)
+    # Prefill tokens per step (decodes are not counted); None: the platform's offline default.
+    max_prefill_tokens: int | None = 8192
     cache: Literal["radix", "naive"] = "radix"
     # Pages kept back per running request for decode growth when admitting new requests.
     decode_reserve_tokens: int = 64
@@ -21,7 +22,7 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
-        if self.max_prefill_tokens < 1:
+        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
             raise ValueError("max_prefill_tokens must be >= 1")
         if self.cache not in ("radix", "naive"):
             raise ValueError(f"cache must be 'radix' or 'naive', got {self.cache!r}")

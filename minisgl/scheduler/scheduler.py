@@ -72,6 +72,7 @@ class Scheduler:
         self.allocator = PageAllocator(engine.pool.num_pages)
         self.cache = create_prefix_cache(sched_config.cache, self.page_size)
         self.max_running = min(sched_config.max_running_requests, engine.config.max_running_requests)
+        self.prefill_budget = sched_config.max_prefill_tokens or engine.platform.offline_prefill_tokens()
         self.free_rows = list(range(self.max_running - 1, -1, -1))
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
@@ -318,7 +319,7 @@ class Scheduler:
                 chosen.append(req)
         chosen = [req for req in chosen if req.row is not None]  # drop decodes retracted above
         # 2. Prefill chunks of resident requests, then 3. admission, within the token budget.
-        budget = self.config.max_prefill_tokens
+        budget = self.prefill_budget
         for req in self.running:
             if budget <= 0:
                 break

@@ -25,7 +25,7 @@ from minisgl.kernels.activation_ref import silu_and_mul_ref  # noqa: E402
 from minisgl.kernels.impl import KernelImpl  # noqa: E402
 from minisgl.kernels.norm import _rms_norm_kernel, fused_add_rms_norm, rms_norm  # noqa: E402
 from minisgl.kernels.norm_ref import fused_add_rms_norm_ref, rms_norm_ref  # noqa: E402
-from minisgl.kernels.rotary import qk_norm_rotary, rotary  # noqa: E402
+from minisgl.kernels.rotary import qk_norm_rotary, rotary, rotary_store_kv  # noqa: E402
 from minisgl.kernels.rotary_ref import qk_norm_rotary_ref, rotary_ref  # noqa: E402
 from minisgl.layers.activation import SiluAndMul  # noqa: E402
 from minisgl.layers.norm import RMSNorm  # noqa: E402
@@ -174,6 +174,20 @@ def _check_rotary(
         q_out, k_out = fused(pos, q, k, cos, sin, *args)
         _close(q_out, q_ref, max_mismatch)
         _close(k_out, k_ref, max_mismatch)
+    # Fused with the KV store: k (rotated) and v land in their cache slots, nothing else changes.
+    slots = 3 * tokens + 5
+    k_cache = torch.randn(slots, num_k, head_dim, device=DEVICE).to(dtype)
+    v_cache = torch.randn(slots, num_k, head_dim, device=DEVICE).to(dtype)
+    k_before, v_cache_before = k_cache.clone(), v_cache.clone()
+    out_loc = torch.randperm(slots, device=DEVICE)[:tokens]
+    norm_args = tuple(args) if norm else None
+    q_out = rotary_store_kv(positions, q, k, v, cos, sin, k_cache, v_cache, out_loc, norm_args)  # type: ignore[arg-type]
+    _close(q_out, q_ref, max_mismatch)
+    _close(k_cache[out_loc], k_ref, max_mismatch)
+    assert torch.equal(v_cache[out_loc], v)
+    untouched = torch.ones(slots, dtype=torch.bool, device=DEVICE)
+    untouched[out_loc] = False
+    assert torch.equal(k_cache[untouched], k_before[untouched]) and torch.equal(v_cache[untouched], v_cache_before[untouched])
     v_before = v.clone()
     q_out, k_out = fused(positions, q, k, cos, sin, *args, inplace=True)
     assert q_out is q and k_out is k and torch.equal(v, v_before)
