@@ -3,11 +3,14 @@ benchmark spends its time in (Qwen3-0.6B: 8 KV heads, 16 q heads, head_dim 128, 
 pages scattered over a large pool). `python scripts/sweep_decode_attention.py`
 
 For each (batch, context) it prints the default launch and the best few of the swept ones, in us
-per call and in TB/s of K/V read (graph-replayed, so launch overhead is what a CUDA graph sees)."""
+per call and in TB/s of K/V read (graph-replayed, so launch overhead is what a CUDA graph sees).
+`--ragged`: batches of lengths uniform in [100, 2048] (as the offline workload's decode has), one
+split or more, programs in batch order or longest first."""
 
 from __future__ import annotations
 
 import itertools
+import sys
 
 import torch
 import triton
@@ -28,12 +31,35 @@ def bench(fn) -> float:
     return triton.testing.do_bench(graph.replay, warmup=10, rep=40) / 10 * 1e3  # us per call
 
 
+def ragged(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
+    dev = k.device
+    print(f"{'bs':>4} {'tokens':>7} {'splits':>6} {'order':>8} {'us':>8} {'TB/s':>6}")
+    for bs in (256, 192, 128, 64, 32):
+        lens = torch.randint(100, 2049, (bs,), generator=torch.Generator().manual_seed(bs)).tolist()
+        width = triton.cdiv(max(lens), PAGE)
+        perm = torch.randperm(num_pages, device=dev)[: bs * width].view(bs, width)
+        table = (perm[:, :, None] * PAGE + torch.arange(PAGE, device=dev)).view(bs, -1).to(torch.int32).contiguous()
+        rows = torch.arange(bs, device=dev, dtype=torch.int32)
+        seq_lens = torch.tensor(lens, device=dev, dtype=torch.int32)
+        q = torch.randn(bs, HQ, D, device=dev, dtype=torch.bfloat16)
+        out = torch.empty_like(q)
+        nbytes = 2 * sum(lens) * HKV * D * 2
+        longest = torch.tensor(sorted(range(bs), key=lens.__getitem__, reverse=True), device=dev, dtype=torch.int32)
+        for splits, (name, order) in itertools.product((1, 2, 4), (("batch", None), ("longest", longest))):
+            us = bench(lambda: decode_attention(q, k, v, table, rows, seq_lens, 0.088, num_splits=splits, out=out,
+                                                order=order))  # fmt: skip
+            print(f"{bs:>4} {sum(lens):>7} {splits:>6} {name:>8} {us:>8.1f} {nbytes / us / 1e6:>6.2f}")
+
+
 def main() -> None:
     torch.manual_seed(0)
     dev = torch.device("cuda")
     num_pages = 70_000  # like the engine's pool on an H200 (one layer's K and V: ~4.6 GB each)
     k = torch.randn(num_pages * PAGE, HKV, D, device=dev, dtype=torch.bfloat16)
     v = torch.randn_like(k)
+    if "--ragged" in sys.argv:
+        ragged(k, v, num_pages)
+        return
     print(f"{'bs':>4} {'ctx':>5} {'splits':>6} {'blk':>4} {'w':>2} {'st':>2} {'us':>8} {'TB/s':>6}")
     for bs, ctx in SHAPES:
         pages_per_req = triton.cdiv(ctx, PAGE)

@@ -31,6 +31,7 @@ from minisgl.utils.transfer import upload
 class TritonDecodeMeta:
     rows: torch.Tensor  # [B] int64
     seq_lens: torch.Tensor  # [B] int32
+    order: torch.Tensor  # [B] int32: the requests longest first, the order their programs start in
     num_splits: int  # launch constant of the split-K kernel
     mid_o: torch.Tensor  # [>=B, Hq, >=num_splits, D] fp32 partial outputs
     mid_lse: torch.Tensor  # [>=B, Hq, >=num_splits] fp32 partial log-sum-exps
@@ -65,6 +66,7 @@ class _GraphBuffers:
     max_bs: int
     rows: torch.Tensor  # [max_bs] int64
     seq_lens: torch.Tensor  # [max_bs] int32; 0 past the live batch, which empties those entries
+    order: torch.Tensor  # [max_bs] int32; the batch longest first, then the padding entries
     # Flat fp32 scratch shared by every captured size: size bs views it as [bs, Hq, splits(bs), D].
     # splits(bs) falls as bs grows, so the largest bs * splits(bs) bounds it (a few MB).
     mid_o: torch.Tensor
@@ -87,16 +89,18 @@ class TritonAttnBackend(BaseAttnBackend):
 
     def prepare(self, batch: ForwardBatch) -> None:
         if batch.phase == "decode":
-            batch.attn_meta = self._decode_meta(batch.rows, batch.seq_lens, batch.max_seq_len)
+            batch.attn_meta = self._decode_meta(batch.rows, batch.seq_lens, batch.seq_lens_cpu)
         else:
             batch.attn_meta = self._extend_meta(batch)
 
-    def _decode_meta(self, rows: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int) -> TritonDecodeMeta:
-        """Eager decode of these requests: splits for this batch, fresh scratch buffers."""
+    def _decode_meta(self, rows: torch.Tensor, seq_lens: torch.Tensor, lens: list[int]) -> TritonDecodeMeta:
+        """Eager decode of these requests (host lengths `lens`): splits for this batch, fresh
+        scratch buffers."""
         batch_size = rows.shape[0]
-        num_splits = decode_num_splits(batch_size, self.num_kv_heads, self.head_dim, max_seq_len, self.device)
+        num_splits = decode_num_splits(batch_size, self.num_kv_heads, self.head_dim, max(lens), self.device)
         mid_o, mid_lse = alloc_decode_buffers(batch_size, self.num_heads, self.head_dim, num_splits, self.device)
-        return TritonDecodeMeta(rows, seq_lens, num_splits, mid_o, mid_lse)
+        order = upload(_longest_first(lens), torch.int32, self.device)
+        return TritonDecodeMeta(rows, seq_lens, order, num_splits, mid_o, mid_lse)
 
     def _extend_meta(self, batch: ForwardBatch) -> TritonExtendMeta:
         lens = batch.extend_lens_cpu
@@ -108,7 +112,7 @@ class TritonAttnBackend(BaseAttnBackend):
         one_t, many_t = index[: len(one)], index[len(one) :]
         decode = self._decode_meta(
             batch.rows.index_select(0, one_t), batch.seq_lens.index_select(0, one_t),
-            max(batch.seq_lens_cpu[i] for i in one),
+            [batch.seq_lens_cpu[i] for i in one],
         )  # fmt: skip
         split = MixedSplit(
             token_idx=batch.extend_starts.index_select(0, one_t).long(),
@@ -136,7 +140,7 @@ class TritonAttnBackend(BaseAttnBackend):
         if isinstance(meta, TritonDecodeMeta):
             return decode_attention(
                 q, k_cache, v_cache, batch.token_table, meta.rows, meta.seq_lens, self.sm_scale,
-                num_splits=meta.num_splits, mid_o=meta.mid_o, mid_lse=meta.mid_lse,
+                num_splits=meta.num_splits, mid_o=meta.mid_o, mid_lse=meta.mid_lse, order=meta.order,
             )  # fmt: skip
         assert isinstance(meta, TritonExtendMeta), "prepare() did not run for this batch"
         split = meta.split
@@ -154,7 +158,7 @@ class TritonAttnBackend(BaseAttnBackend):
         d = split.decode
         decoded = decode_attention(
             q.index_select(0, split.token_idx), k_cache, v_cache, batch.token_table, d.rows, d.seq_lens,
-            self.sm_scale, num_splits=d.num_splits, mid_o=d.mid_o, mid_lse=d.mid_lse,
+            self.sm_scale, num_splits=d.num_splits, mid_o=d.mid_o, mid_lse=d.mid_lse, order=d.order,
         )  # fmt: skip
         return out.index_copy_(0, split.token_idx, decoded)
 
@@ -166,6 +170,7 @@ class TritonAttnBackend(BaseAttnBackend):
             max_bs=max_bs,
             rows=torch.zeros(max_bs, dtype=torch.int64, device=self.device),
             seq_lens=torch.zeros(max_bs, dtype=torch.int32, device=self.device),
+            order=torch.arange(max_bs, dtype=torch.int32, device=self.device),
             mid_o=torch.empty(capacity * self.num_heads * self.head_dim, dtype=torch.float32, device=self.device),
             mid_lse=torch.empty(capacity * self.num_heads, dtype=torch.float32, device=self.device),
         )
@@ -185,6 +190,7 @@ class TritonAttnBackend(BaseAttnBackend):
         batch.attn_meta = TritonDecodeMeta(
             rows=graph.rows[:batch_size],
             seq_lens=graph.seq_lens[:batch_size],
+            order=graph.order[:batch_size],
             num_splits=num_splits,
             mid_o=graph.mid_o[: math.prod(shape) * self.head_dim].view(*shape, self.head_dim),
             mid_lse=graph.mid_lse[: math.prod(shape)].view(shape),
@@ -207,13 +213,20 @@ class TritonAttnBackend(BaseAttnBackend):
         assert graph.token_table_ptr in (None, batch.token_table.data_ptr()), "captured graphs read another table"
         return graph
 
-    @staticmethod
-    def _load_inputs(graph: _GraphBuffers, batch: ForwardBatch) -> None:
+    def _load_inputs(self, graph: _GraphBuffers, batch: ForwardBatch) -> None:
         batch_size = batch.batch_size
         graph.rows[:batch_size].copy_(batch.rows)
         graph.seq_lens[:batch_size].copy_(batch.seq_lens)
+        # Padding entries (any captured size may read them) follow in their own order.
+        order = _longest_first(batch.seq_lens_cpu) + list(range(batch_size, graph.max_bs))
+        graph.order.copy_(upload(order, torch.int32, self.device))
         graph.rows[batch_size:].zero_()
         graph.seq_lens[batch_size:].zero_()
+
+
+def _longest_first(lens: list[int]) -> list[int]:
+    """Indices of `lens` from the longest to the shortest (stable)."""
+    return sorted(range(len(lens)), key=lens.__getitem__, reverse=True)
 
 
 def create_triton_backend(

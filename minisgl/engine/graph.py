@@ -76,7 +76,9 @@ class GraphRunner:
         backend.init_graph_state(max_bs)
         self._capture_all()
 
-    def _static_batch(self, bs: int) -> ForwardBatch:
+    def _static_batch(self, bs: int, seq_lens_cpu: list[int] | None = None) -> ForwardBatch:
+        """The captured buffers as a batch of `bs`; `seq_lens_cpu`: the host lengths of what they
+        hold (the backend orders work by them), 1 per entry when not given."""
         return ForwardBatch(
             phase="decode",
             input_ids=self.input_ids[:bs],
@@ -87,7 +89,7 @@ class GraphRunner:
             extend_lens=torch.ones_like(self.seq_lens[:bs]),
             extend_starts=self.arange[:bs].int(),
             token_table=self.token_table,
-            seq_lens_cpu=[1] * bs,
+            seq_lens_cpu=seq_lens_cpu if seq_lens_cpu is not None else [1] * bs,
             extend_lens_cpu=[1] * bs,
             sample_idx=self.arange[:bs],
         )
@@ -130,6 +132,6 @@ class GraphRunner:
             self.out_loc[bs:padded].fill_(self.scratch_slot)
             self.rows[bs:padded].fill_(self.scratch_row)
             self.seq_lens[bs:padded].fill_(1)
-        self.backend.prepare_for_replay(self._static_batch(padded))
+        self.backend.prepare_for_replay(self._static_batch(padded, batch.seq_lens_cpu + [1] * (padded - bs)))
         self.graphs[padded].replay()
         return self.logits[padded][:bs]

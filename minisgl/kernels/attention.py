@@ -165,6 +165,7 @@ def _decode_split_kernel(
     table_ptr,
     rows_ptr,
     seq_lens_ptr,
+    order_ptr,
     qk_scale,
     stride_qb,
     stride_qh,
@@ -187,14 +188,19 @@ def _decode_split_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    HAS_ORDER: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Stage 1: partial attention of all q heads of one kv head over one split of the sequence.
-    With a single split the partial result is the answer: it goes straight to `o` (no stage 2)."""
+    With a single split the partial result is the answer: it goes straight to `o` (no stage 2).
+
+    Programs start in grid order, KV heads fastest, and with HAS_ORDER the i-th request taken is
+    `order[i]`: given longest-first, the long requests start first and the GPU does not idle
+    waiting on a few long ones started last (at one split a program reads a whole sequence)."""
     if PDL:
         gdc_wait()  # the previous kernel's writes are visible from here on (kernels/pdl.py)
-    req = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    kv_head = tl.program_id(0)
+    req = tl.load(order_ptr + tl.program_id(1)) if HAS_ORDER else tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + req)
     row = tl.load(rows_ptr + req).to(tl.int64)
@@ -420,6 +426,7 @@ def decode_attention(
     mid_o: torch.Tensor | None = None,
     mid_lse: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    order: torch.Tensor | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int = 3,
@@ -428,7 +435,9 @@ def decode_attention(
 
     `num_splits` is a launch constant (no data-dependent grid, so CUDA graphs can capture it).
     `mid_o`/`mid_lse` may be larger than needed (static graph buffers): only [:B, :, :num_splits]
-    is touched. `block_n`/`num_warps`/`num_stages` override the tuned launch (sweeps).
+    is touched. `order` [B] int32, a permutation of the requests, is the order their programs
+    start in (longest first pays: see the kernel). `block_n`/`num_warps`/`num_stages` override the
+    tuned launch (sweeps).
     """
     num_heads, num_kv_heads, head_dim = _check_layout(q, k_cache, v_cache)
     assert 1 <= num_splits
@@ -444,9 +453,10 @@ def decode_attention(
     group = num_heads // num_kv_heads
     block_d = _block_d(head_dim)
     block_n = block_n or (16 if _SMALL_BLOCKS else 32 if head_dim > 128 else 64)
-    _decode_split_kernel[(batch_size, num_kv_heads, num_splits)](
+    assert order is None or order.shape[0] >= batch_size
+    _decode_split_kernel[(num_kv_heads, batch_size, num_splits)](
         q, k_cache, v_cache, mid_o, mid_lse, out,
-        token_table, rows, seq_lens,
+        token_table, rows, seq_lens, order if order is not None else rows,
         sm_scale * _LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
@@ -458,6 +468,7 @@ def decode_attention(
         BLOCK_D=block_d,
         BLOCK_N=block_n,
         PRECISION=_precision(q.dtype),
+        HAS_ORDER=order is not None,
         # H200 sweep: 2 warps / 3 stages best or tied from batch 1 to 256 (4 warps up to 10%
         # slower at D 64, 8 warps up to 60% slower); wider heads get 4 to keep tiles in registers.
         num_warps=num_warps or (2 if head_dim <= 128 else 4),
