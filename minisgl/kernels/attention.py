@@ -399,12 +399,18 @@ def decode_num_splits(
 ) -> int:
     """Splits per (request, kv head): enough programs to keep every SM busy, none shorter than
     `_MIN_TOKENS_PER_SPLIT`. `max_seq_len=None` (CUDA-graph capture, where lengths vary per
-    replay) assumes a long context; the kernel leaves surplus splits empty for short requests."""
+    replay) assumes a long context; the kernel leaves surplus splits empty for short requests.
+
+    A power of two: the count is a compile-time constant of both kernels, and eager decode (no
+    graphs, batches past the largest graph, the decodes of mixed steps) would otherwise compile
+    a variant for nearly every count from 1 to 64 the first time it comes up, mid-run (an H200
+    spent seconds of a graphs-off benchmark compiling them)."""
     programs = _DECODE_PROGRAMS_PER_SM * _num_sms(device) * 128 // min(128, max(64, head_dim))
     splits = programs // max(1, batch_size * num_kv_heads)
     if max_seq_len is not None:
         splits = min(splits, triton.cdiv(max_seq_len, _MIN_TOKENS_PER_SPLIT))
-    return max(1, min(MAX_DECODE_SPLITS, splits))
+    splits = max(1, min(MAX_DECODE_SPLITS, splits))
+    return 1 << (splits.bit_length() - 1)
 
 
 def alloc_decode_buffers(

@@ -252,6 +252,9 @@ def test_decode_num_splits_is_bounded() -> None:
     # Splits fall as the batch grows, which bounds the graph scratch by bs * splits(bs).
     splits = [decode_num_splits(bs, 2, 128, None, DEVICE) for bs in range(1, 65)]
     assert splits == sorted(splits, reverse=True)
+    # Powers of two only (a compile-time constant: few kernel variants), eager lengths included.
+    counts = {decode_num_splits(bs, 8, 128, n, DEVICE) for bs in range(1, 40) for n in range(1, 9000, 97)}
+    assert counts <= {1, 2, 4, 8, 16, 32, 64} and len(counts) > 1
 
 
 # ---- GPU sweep: real block sizes, long contexts, half precision ----
