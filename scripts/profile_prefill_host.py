@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from minisgl import LLM, SamplingParams
-from minisgl.bench.offline import build_parser, make_workload
+from minisgl import SamplingParams
+from minisgl.bench.offline import profiling_setup
 
 
 def sync() -> None:
@@ -27,12 +27,7 @@ def sync() -> None:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    model = argv.pop(0) if argv and not argv[0].startswith("-") else "configs/qwen3-0.6b"
-    args = build_parser().parse_args(["--model", model, "--dummy-weights", *argv])
-    prompts, _ = make_workload(args)
-    llm = LLM(args.model, dummy_weights=True, max_running_requests=args.max_running_requests,
-              cuda_graph_max_bs=args.cuda_graph_max_bs, max_prefill_tokens=args.max_prefill_tokens)  # fmt: skip
+    args, prompts, _, llm = profiling_setup(sys.argv[1:])
     params = SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=1)
     llm.generate(prompts[:64], params, use_tqdm=False)  # warm-up: compiles, allocator
     sync()

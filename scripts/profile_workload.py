@@ -20,8 +20,8 @@ import torch
 
 import minisgl.engine.engine as engine_mod
 import minisgl.scheduler.scheduler as scheduler_mod
-from minisgl import LLM, SamplingParams
-from minisgl.bench.offline import build_parser, make_workload
+from minisgl import SamplingParams
+from minisgl.bench.offline import profiling_setup
 
 waits: list[float] = []
 _result = engine_mod.LaunchedStep.result
@@ -39,13 +39,7 @@ engine_mod.LaunchedStep.result = _timed_result  # type: ignore[method-assign]
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    model = argv.pop(0) if argv and not argv[0].startswith("-") else "configs/qwen3-0.6b"
-    args = build_parser().parse_args(["--model", model, "--dummy-weights", *argv])
-    prompts, outputs = make_workload(args)
-    llm = LLM(args.model, dummy_weights=True, max_running_requests=args.max_running_requests,
-              cuda_graph_max_bs=args.cuda_graph_max_bs, max_prefill_tokens=args.max_prefill_tokens)  # fmt: skip
-    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
+    args, prompts, outputs, llm = profiling_setup(sys.argv[1:])
     sched = llm.scheduler
     buckets: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])  # steps, wall, wait
     original_step = scheduler_mod.Scheduler.step

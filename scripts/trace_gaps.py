@@ -22,8 +22,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import minisgl.scheduler.scheduler as scheduler_mod
-from minisgl import LLM, SamplingParams
-from minisgl.bench.offline import build_parser, make_workload
+from minisgl import SamplingParams
+from minisgl.bench.offline import profiling_setup
 
 WINDOWS = {"start (prefill)": (0, 24), "decode, steps 400-411": (400, 412)}
 BINS = (1.0, 2.0, 3.0, 5.0, 10.0, 100.0, float("inf"))
@@ -82,13 +82,7 @@ def analyse(label: str, trace_path: str, steps: int) -> None:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    model = argv.pop(0) if argv and not argv[0].startswith("-") else "configs/qwen3-0.6b"
-    args = build_parser().parse_args(["--model", model, "--dummy-weights", *argv])
-    prompts, outputs = make_workload(args)
-    llm = LLM(args.model, dummy_weights=True, max_running_requests=args.max_running_requests,
-              cuda_graph_max_bs=args.cuda_graph_max_bs, max_prefill_tokens=args.max_prefill_tokens)  # fmt: skip
-    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
+    args, prompts, outputs, llm = profiling_setup(sys.argv[1:])
     original_step = scheduler_mod.Scheduler.step
     state: dict[str, Any] = {"n": 0, "prof": None}
     traces: list[tuple[str, str, int]] = []

@@ -24,6 +24,21 @@ def make_workload(args: argparse.Namespace) -> tuple[list[list[int]], list[int]]
     return prompts, outputs
 
 
+def profiling_setup(argv: list[str]) -> tuple[argparse.Namespace, list[list[int]], list[int], Any]:
+    """For the profiling scripts: `[MODEL] [bench args...]` (default model configs/qwen3-0.6b,
+    dummy weights) -> (args, prompts, output lengths, an `LLM` already warmed up once)."""
+    from minisgl import LLM
+
+    argv = list(argv)
+    model = argv.pop(0) if argv and not argv[0].startswith("-") else "configs/qwen3-0.6b"
+    args = build_parser().parse_args(["--model", model, "--dummy-weights", *argv])
+    prompts, outputs = make_workload(args)
+    llm = LLM(args.model, dummy_weights=True, max_running_requests=args.max_running_requests,
+              cuda_graph_max_bs=args.cuda_graph_max_bs, max_prefill_tokens=args.max_prefill_tokens)  # fmt: skip
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
+    return args, prompts, outputs, llm
+
+
 def run_minisgl(
     args: argparse.Namespace, prompts: list[list[int]], outputs: list[int], tp_rank: int = 0, rdzv: Any = None
 ) -> dict[str, Any]:
