@@ -40,6 +40,11 @@ class BaseAttnBackend(ABC):
         sees positions <= p + j.
         """
 
+    def warmup(self, token_table: torch.Tensor, row: int) -> None:
+        """Compile, at engine start, kernel variants that eager steps could otherwise first need in
+        the middle of serving (default: none). `row` is a token-table row whose first slot may be
+        read."""
+
     # CUDA-graph hooks: a backend that supports graph capture overrides these.
     def init_graph_state(self, max_bs: int) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")

@@ -17,6 +17,7 @@ import torch
 from minisgl.attention.base import BaseAttnBackend, KVStore
 from minisgl.attention.batch import ForwardBatch
 from minisgl.kernels.attention import (
+    MAX_DECODE_SPLITS,
     alloc_decode_buffers,
     decode_attention,
     decode_num_splits,
@@ -161,6 +162,21 @@ class TritonAttnBackend(BaseAttnBackend):
             self.sm_scale, num_splits=d.num_splits, mid_o=d.mid_o, mid_lse=d.mid_lse, order=d.order,
         )  # fmt: skip
         return out.index_copy_(0, split.token_idx, decoded)
+
+    def warmup(self, token_table: torch.Tensor, row: int) -> None:
+        """Compile the decode kernels for every split count eager decode can pick (a power of two up
+        to MAX_DECODE_SPLITS, a compile-time constant): one request of one token at `row`."""
+        q = torch.zeros(1, self.num_heads, self.head_dim, dtype=self.pool.dtype, device=self.device)
+        rows = torch.full((1,), row, dtype=torch.int64, device=self.device)
+        seq_lens = torch.ones(1, dtype=torch.int32, device=self.device)
+        order = torch.zeros(1, dtype=torch.int32, device=self.device)
+        splits = 1
+        while splits <= MAX_DECODE_SPLITS:
+            decode_attention(
+                q, self.pool.k[0], self.pool.v[0], token_table, rows, seq_lens, self.sm_scale,
+                num_splits=splits, order=order,
+            )  # fmt: skip
+            splits *= 2
 
     # --- CUDA graphs (decode only) ---
 

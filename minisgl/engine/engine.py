@@ -206,6 +206,8 @@ class Engine:
         self._events = [self.platform.new_event(), self.platform.new_event()]
         self._step_parity = 0
         self.runner = self._make_runner()
+        if self.platform.name == "cuda":  # compiled kernels only (the CPU interpreter compiles nothing)
+            self.attn_backend.warmup(self.token_table, self.scratch_row)
         logger.info(
             "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s",
             self.model_config.architecture, self.device, str(self.dtype).replace("torch.", ""),

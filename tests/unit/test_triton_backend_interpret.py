@@ -14,6 +14,7 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 # Without CUDA, tests/conftest.py has put triton in interpreter mode before this import.
 
+import minisgl.attention.triton_backend as triton_backend_module  # noqa: E402
 from minisgl.attention.batch import ForwardBatch  # noqa: E402
 from minisgl.attention.triton_backend import (  # noqa: E402
     TritonDecodeMeta,
@@ -201,3 +202,29 @@ def test_graph_buffers_replay_smaller_batch() -> None:
     expected = reference(pool, 0, q[:3], live, 0.125)
     torch.testing.assert_close(out[:3], expected, atol=1e-4, rtol=1e-4)
     assert torch.all(out[3] == 0), "a padded entry (seq_len 0) must compute nothing"
+
+
+def test_warmup_runs_every_split_count_and_writes_nothing() -> None:
+    """The engine-start warm-up launches the decode kernels for each power-of-two split count (one
+    request of one token in a given row) and leaves the pool untouched."""
+    pool = KVPool(NUM_LAYERS, 8, PAGE_SIZE, 1, 64, torch.float32, DEVICE)
+    for cache in (*pool.k, *pool.v):
+        cache.copy_(torch.randn(cache.shape))
+    before = [t.clone() for t in (*pool.k, *pool.v)]
+    backend = create_triton_backend(pool, 2, 1, 64, 0.125)
+    table = torch.zeros(3, 16, dtype=torch.int32, device=DEVICE)
+    table[2, 0] = 5
+    calls: list[int] = []
+    original = triton_backend_module.decode_attention
+
+    def counting(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(int(kwargs["num_splits"]))  # type: ignore[call-overload]
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    triton_backend_module.decode_attention = counting  # type: ignore[assignment]
+    try:
+        backend.warmup(table, 2)
+    finally:
+        triton_backend_module.decode_attention = original  # type: ignore[assignment]
+    assert calls == [1, 2, 4, 8, 16, 32, 64]
+    assert all(torch.equal(a, b) for a, b in zip((*pool.k, *pool.v), before))
