@@ -2,7 +2,9 @@
 
 Eager torch spends a table gather, casts, three `cat`s, muls and adds per tensor (and ~8 kernels
 per head norm). Here each program takes a block of heads of one token straight from the fused
-qkv buffer (any token/head strides), normalises them if asked, rotates them and writes them.
+qkv buffer (any token/head strides), normalises them if asked, rotates them and writes them:
+to new tensors, or (`rotary_store_kv`) k and v straight into their KV-cache slots, which saves the
+attention backend's store launch.
 Rounding is written to follow `rotary_ref.py` (HF): the fp32 cos/sin row is cast to q's dtype and
 each product and the sum round to that dtype. The interpreter reproduces eager torch bit for bit;
 compiled on an H200, 16-bit results sit within one ulp of it but 17-20% of elements differ
@@ -168,7 +170,7 @@ def _launch(
         assert q_weight.is_contiguous() and k_weight.is_contiguous()
         out_dtype = torch.promote_types(q.dtype, q_weight.dtype)
     if inplace:
-        assert out_dtype == q.dtype and store is None, "in place needs a norm weight no wider than q"
+        assert out_dtype == q.dtype and store is None, "in place needs a norm weight no wider than q, and no store"
         q_out, k_out = q, k
     else:
         q_out = torch.empty(q.shape, dtype=out_dtype, device=q.device)
