@@ -204,7 +204,7 @@ def test_graph_buffers_replay_smaller_batch() -> None:
     assert torch.all(out[3] == 0), "a padded entry (seq_len 0) must compute nothing"
 
 
-def test_warmup_runs_every_split_count_and_writes_nothing() -> None:
+def test_warmup_runs_every_split_count_and_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine-start warm-up launches the decode kernels for each power-of-two split count (one
     request of one token in a given row) and leaves the pool untouched."""
     pool = KVPool(NUM_LAYERS, 8, PAGE_SIZE, 1, 64, torch.float32, DEVICE)
@@ -221,10 +221,7 @@ def test_warmup_runs_every_split_count_and_writes_nothing() -> None:
         calls.append(int(kwargs["num_splits"]))  # type: ignore[call-overload]
         return original(*args, **kwargs)  # type: ignore[arg-type]
 
-    triton_backend_module.decode_attention = counting  # type: ignore[assignment]
-    try:
-        backend.warmup(table, 2)
-    finally:
-        triton_backend_module.decode_attention = original  # type: ignore[assignment]
+    monkeypatch.setattr(triton_backend_module, "decode_attention", counting)
+    backend.warmup(table, 2)
     assert calls == [1, 2, 4, 8, 16, 32, 64]
     assert all(torch.equal(a, b) for a, b in zip((*pool.k, *pool.v), before))
