@@ -24,24 +24,9 @@ def make_workload(args: argparse.Namespace) -> tuple[list[list[int]], list[int]]
     return prompts, outputs
 
 
-def profiling_setup(argv: list[str]) -> tuple[argparse.Namespace, list[list[int]], list[int], Any]:
-    """For the profiling scripts: `[MODEL] [bench args...]` (default model configs/qwen3-0.6b,
-    dummy weights) -> (args, prompts, output lengths, an `LLM` already warmed up once)."""
-    from minisgl import LLM
-
-    argv = list(argv)
-    model = argv.pop(0) if argv and not argv[0].startswith("-") else "configs/qwen3-0.6b"
-    args = build_parser().parse_args(["--model", model, "--dummy-weights", *argv])
-    prompts, outputs = make_workload(args)
-    llm = LLM(args.model, dummy_weights=True, max_running_requests=args.max_running_requests,
-              cuda_graph_max_bs=args.cuda_graph_max_bs, max_prefill_tokens=args.max_prefill_tokens)  # fmt: skip
-    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
-    return args, prompts, outputs, llm
-
-
-def run_minisgl(
-    args: argparse.Namespace, prompts: list[list[int]], outputs: list[int], tp_rank: int = 0, rdzv: Any = None
-) -> dict[str, Any]:
+def make_llm(args: argparse.Namespace, tp_rank: int = 0, rdzv: Any = None) -> tuple[Any, Any]:
+    """The `LLM` these bench args describe (rank `tp_rank` of `--tp`), warmed up once, and its TP
+    group's store (None without TP), which the caller keeps alive while the engine runs."""
     from minisgl import LLM
     from minisgl.engine.config import EngineConfig
     from minisgl.scheduler.config import SchedulerConfig
@@ -54,13 +39,31 @@ def run_minisgl(
         tp_rank=tp_rank, tp_size=args.tp,
     )
     # Rank r of a TP group runs on the r-th GPU (as the server's scheduler processes do).
-    engine_config, _store = _join_group(engine_config, rdzv, device_index=tp_rank)
+    engine_config, store = _join_group(engine_config, rdzv, device_index=tp_rank)
     llm = LLM(engine_config=engine_config, scheduler_config=SchedulerConfig(
         max_running_requests=args.max_running_requests, max_prefill_tokens=args.max_prefill_tokens,
         cache=args.cache,
     ))
-    params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n) for n in outputs]
     llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=args.temperature, max_tokens=8), use_tqdm=False)  # warm-up
+    return llm, store
+
+
+def profiling_setup(argv: list[str]) -> tuple[argparse.Namespace, list[list[int]], list[int], Any]:
+    """For the profiling scripts: `[MODEL] [bench args...]` (default model configs/qwen3-0.6b,
+    dummy weights) -> (args, prompts, output lengths, an `LLM` already warmed up once)."""
+    argv = list(argv)
+    model = argv.pop(0) if argv and not argv[0].startswith("-") else "configs/qwen3-0.6b"
+    args = build_parser().parse_args(["--model", model, "--dummy-weights", *argv])
+    prompts, outputs = make_workload(args)
+    llm, _ = make_llm(args)
+    return args, prompts, outputs, llm
+
+
+def run_minisgl(
+    args: argparse.Namespace, prompts: list[list[int]], outputs: list[int], tp_rank: int = 0, rdzv: Any = None
+) -> dict[str, Any]:
+    llm, _store = make_llm(args, tp_rank, rdzv)
+    params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n) for n in outputs]
     llm.engine.platform.synchronize()
     start = time.perf_counter()
     results = llm.generate(prompts, params, use_tqdm=not args.quiet)
