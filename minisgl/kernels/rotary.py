@@ -154,9 +154,9 @@ def _launch(
     norm: tuple[torch.Tensor, torch.Tensor, float, float] | None,
     inplace: bool,
     store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Launch for all entry points; `store` = (v, k_cache, v_cache, out_loc) sends k and v to the
-    cache (then no k is returned)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch for all entry points -> (q out, k out); `store` = (v, k_cache, v_cache, out_loc)
+    sends k and v to the cache, which is then the k out."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_k_heads = k.shape[1]
     half = head_dim // 2
@@ -182,7 +182,7 @@ def _launch(
         assert k_out.shape[1:] == k.shape[1:] and v_out.shape == k_out.shape and k_out.stride(2) == v_out.stride(2) == 1
         assert k_out.dtype == out_dtype, "the cache dtype must be the rotated k's (rounding is done in it)"
     if num_tokens == 0:
-        return q_out, None if store is not None else k_out
+        return q_out, k_out
     block_half = triton.next_power_of_2(half)
     block_h = max(1, min(_TILE_ELEMS // (2 * block_half), triton.next_power_of_2(max(num_q_heads, num_k_heads))))
     k_blocks = triton.cdiv(num_k_heads, block_h)
@@ -199,7 +199,7 @@ def _launch(
         num_warps=max(1, min(4, block_h * block_half // 128)),
         **pdl_args(q.device),
     )  # fmt: skip
-    return q_out, None if store is not None else k_out
+    return q_out, k_out
 
 
 def rotary(
@@ -213,9 +213,7 @@ def rotary(
     """q [T, Hq, D], k [T, Hk, D] (any token/head strides), positions [T] (int32/int64), fp32
     tables cos/sin [max_positions, D/2] -> rotated (q, k): new contiguous tensors, or q and k
     themselves with `inplace`."""
-    q_out, k_out = _launch(positions, q, k, cos, sin, None, inplace)
-    assert k_out is not None
-    return q_out, k_out
+    return _launch(positions, q, k, cos, sin, None, inplace)
 
 
 def qk_norm_rotary(
@@ -231,9 +229,7 @@ def qk_norm_rotary(
     inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`rotary` after a per-head RMSNorm of q and k (weights [D]), all in one launch."""
-    q_out, k_out = _launch(positions, q, k, cos, sin, (q_weight, k_weight, q_eps, k_eps), inplace)
-    assert k_out is not None
-    return q_out, k_out
+    return _launch(positions, q, k, cos, sin, (q_weight, k_weight, q_eps, k_eps), inplace)
 
 
 def rotary_store_kv(
