@@ -29,6 +29,8 @@ class Env:
     triton_interpret: bool
     fused_kernels: bool
     pdl: bool
+    cpu_kernels: bool
+    cpu_attn_kernel: bool
     default_dtype: str | None
 
     @staticmethod
@@ -46,6 +48,10 @@ class Env:
             fused_kernels=_bool("MINISGL_FUSED_KERNELS", True),
             # Programmatic dependent launch of the Triton kernels on sm90+ (kernels/pdl.py).
             pdl=_bool("MINISGL_PDL", True),
+            # The bf16 C++ CPU kernels (kernels/cpu_ops.py) and the C++ CPU decode attention
+            # (kernels/cpu_attention.py); 0: the torch paths.
+            cpu_kernels=_bool("MINISGL_CPU_KERNELS", True),
+            cpu_attn_kernel=_bool("MINISGL_CPU_ATTN_KERNEL", True),
             # What `--dtype auto` means, overriding the platform's choice (e.g. float32 on CPU).
             default_dtype=os.environ.get("MINISGL_DEFAULT_DTYPE") or None,
         )

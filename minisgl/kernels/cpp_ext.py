@@ -1,11 +1,10 @@
 """C++ CPU kernels built on first use with the system compiler (`torch.utils.cpp_extension.load_inline`,
-cached under ~/.cache/torch_extensions), each with an environment switch that turns it off. When
-the switch is off or the build fails (no compiler, no headers), `load()` returns None and the
-callers keep their torch paths, after one warning naming why."""
+cached under ~/.cache/torch_extensions), each with an environment switch (read in `env.py`) that
+turns it off. When the switch is off or the build fails (no compiler, no headers), `load()`
+returns None and the callers keep their torch paths, after one warning naming why."""
 
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 from minisgl.utils.logging import get_logger
@@ -14,13 +13,14 @@ logger = get_logger(__name__)
 
 
 class CppExtension:
-    def __init__(self, name: str, source: str, functions: Sequence[str], switch: str, what: str,
+    def __init__(self, name: str, source: str, functions: Sequence[str], enabled: bool, switch: str, what: str,
                  cflags: Sequence[str] = ("-O3", "-march=native")) -> None:  # fmt: skip
+        """`enabled`: the value of the environment switch named `switch` (for the warning)."""
         self.name, self.source, self.functions = name, source, list(functions)
         self.switch, self.what = switch, what
         self.cflags = [*cflags, "-fopenmp"]
         self.module: Any = None
-        self.failed = os.environ.get(switch, "1").strip().lower() in ("0", "false", "no", "off")
+        self.failed = not enabled
 
     def load(self) -> Any:
         """The built extension, or None (turned off by its switch, or the build failed)."""

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from minisgl.env import ENV
 from minisgl.kernels.cpp_ext import CppExtension
 from minisgl.kernels.cpu_ops import AVX512_MATH
 
@@ -209,7 +210,8 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache
 """
 
 _EXT = CppExtension(
-    "minisgl_cpu_decode_attention", _SOURCE, ["decode_attention"], switch="MINISGL_CPU_ATTN_KERNEL",
+    "minisgl_cpu_decode_attention", _SOURCE, ["decode_attention"], enabled=ENV.cpu_attn_kernel,
+    switch="MINISGL_CPU_ATTN_KERNEL",
     what="CPU decode attention kernel", cflags=("-O3", "-march=native", "-ffast-math", "-fno-finite-math-only"),
 )  # fmt: skip
 

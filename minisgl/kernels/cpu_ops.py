@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from minisgl.env import ENV
 from minisgl.kernels.activation_ref import silu_and_mul_ref
 from minisgl.kernels.cpp_ext import CppExtension
 from minisgl.kernels.norm_ref import fused_add_rms_norm_ref, rms_norm_ref
@@ -378,7 +379,7 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
 _EXT = CppExtension(
     "minisgl_cpu_ops", _SOURCE,
     ["gemv", "gemm_rows", "has_bf16_dot", "rms_norm", "add_rms_norm", "rotary", "silu_and_mul"],
-    switch="MINISGL_CPU_KERNELS", what="bf16 CPU kernels",
+    enabled=ENV.cpu_kernels, switch="MINISGL_CPU_KERNELS", what="bf16 CPU kernels",
 )  # fmt: skip
 _module: Any = None  # the loaded extension, once `load()` succeeded
 
