@@ -381,15 +381,12 @@ _EXT = CppExtension(
     ["gemv", "gemm_rows", "has_bf16_dot", "rms_norm", "add_rms_norm", "rotary", "silu_and_mul"],
     enabled=ENV.cpu_kernels, switch="MINISGL_CPU_KERNELS", what="bf16 CPU kernels",
 )  # fmt: skip
-_module: Any = None  # the loaded extension, once `load()` succeeded
 
 
 def load() -> Any:
     """The built extension, or None (turned off, or the build failed: then the callers keep the
     references)."""
-    global _module
-    _module = _EXT.load()
-    return _module
+    return _EXT.load()
 
 
 def enabled() -> bool:
@@ -398,7 +395,7 @@ def enabled() -> bool:
 
 
 def _ready(x: torch.Tensor) -> bool:
-    return x.dtype == torch.bfloat16 and x.device.type == "cpu" and _module is not None
+    return x.dtype == torch.bfloat16 and x.device.type == "cpu" and _EXT.module is not None
 
 
 # Thin wrappers with the references' signatures: bf16 CPU tensors take the C++ kernel, anything
@@ -407,7 +404,7 @@ def _ready(x: torch.Tensor) -> bool:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if _ready(x) and weight.dtype == torch.bfloat16 and x.stride(-1) == 1:
-        return _module.rms_norm(x, weight, eps)
+        return _EXT.module.rms_norm(x, weight, eps)
     return rms_norm_ref(x, weight, eps)
 
 
@@ -418,7 +415,7 @@ def fused_add_rms_norm(
         _ready(x) and residual.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
         and x.is_contiguous() and residual.is_contiguous() and weight.is_contiguous() and x.shape == residual.shape
     ):  # fmt: skip
-        return _module.add_rms_norm(x, residual, weight, eps)
+        return _EXT.module.add_rms_norm(x, residual, weight, eps)
     return fused_add_rms_norm_ref(x, residual, weight, eps)
 
 
@@ -435,7 +432,7 @@ def rotary(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if _rotary_ok(positions, q, k, cos, sin):
-        return _module.rotary(positions.contiguous(), q, k, cos, sin, None, None, 0.0, 0.0)
+        return _EXT.module.rotary(positions.contiguous(), q, k, cos, sin, None, None, 0.0, 0.0)
     return rotary_ref(positions, q, k, cos, sin)
 
 
@@ -444,13 +441,13 @@ def qk_norm_rotary(
     q_weight: torch.Tensor, k_weight: torch.Tensor, q_eps: float, k_eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     if _rotary_ok(positions, q, k, cos, sin) and q_weight.dtype == k_weight.dtype == torch.bfloat16:
-        return _module.rotary(positions.contiguous(), q, k, cos, sin, q_weight, k_weight, q_eps, k_eps)
+        return _EXT.module.rotary(positions.contiguous(), q, k, cos, sin, q_weight, k_weight, q_eps, k_eps)
     return qk_norm_rotary_ref(positions, q, k, cos, sin, q_weight, k_weight, q_eps, k_eps)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if _ready(x):
-        return _module.silu_and_mul(x)
+        return _EXT.module.silu_and_mul(x)
     return silu_and_mul_ref(x)
 
 
@@ -467,7 +464,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         and x.stride(1) == 1 and weight.stride(1) == 1
     ):  # fmt: skip
         if x.shape[0] == 1:
-            return _module.gemv(x, weight, bias)
-        if x.shape[1] % 32 == 0 and _module.has_bf16_dot():
-            return _module.gemm_rows(x, weight, bias)
+            return _EXT.module.gemv(x, weight, bias)
+        if x.shape[1] % 32 == 0 and _EXT.module.has_bf16_dot():
+            return _EXT.module.gemm_rows(x, weight, bias)
     return F.linear(x, weight, bias)
