@@ -31,20 +31,25 @@ def bench(fn) -> float:
     return triton.testing.do_bench(graph.replay, warmup=10, rep=40) / 10 * 1e3  # us per call
 
 
+def make_batch(lens: list[int], num_pages: int, dev: torch.device) -> tuple[torch.Tensor, ...]:
+    """(token table, rows, seq_lens, q, out, K/V bytes read) for requests of these lengths, their
+    16-token pages scattered over the pool."""
+    bs, ctx = len(lens), max(lens)
+    pages_per_req = triton.cdiv(ctx, PAGE)
+    perm = torch.randperm(num_pages, device=dev)[: bs * pages_per_req].view(bs, pages_per_req)
+    table = (perm[:, :, None] * PAGE + torch.arange(PAGE, device=dev)).view(bs, -1)[:, :ctx].to(torch.int32).contiguous()
+    rows = torch.arange(bs, device=dev, dtype=torch.int32)
+    seq_lens = torch.tensor(lens, device=dev, dtype=torch.int32)
+    q = torch.randn(bs, HQ, D, device=dev, dtype=torch.bfloat16)
+    return table, rows, seq_lens, q, torch.empty_like(q), 2 * sum(lens) * HKV * D * 2
+
+
 def ragged(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
-    dev = k.device
     print(f"{'bs':>4} {'tokens':>7} {'splits':>6} {'order':>8} {'us':>8} {'TB/s':>6}")
     for bs in (256, 192, 128, 64, 32):
         lens = torch.randint(100, 2049, (bs,), generator=torch.Generator().manual_seed(bs)).tolist()
-        width = triton.cdiv(max(lens), PAGE)
-        perm = torch.randperm(num_pages, device=dev)[: bs * width].view(bs, width)
-        table = (perm[:, :, None] * PAGE + torch.arange(PAGE, device=dev)).view(bs, -1).to(torch.int32).contiguous()
-        rows = torch.arange(bs, device=dev, dtype=torch.int32)
-        seq_lens = torch.tensor(lens, device=dev, dtype=torch.int32)
-        q = torch.randn(bs, HQ, D, device=dev, dtype=torch.bfloat16)
-        out = torch.empty_like(q)
-        nbytes = 2 * sum(lens) * HKV * D * 2
-        longest = torch.tensor(sorted(range(bs), key=lens.__getitem__, reverse=True), device=dev, dtype=torch.int32)
+        table, rows, seq_lens, q, out, nbytes = make_batch(lens, num_pages, k.device)
+        longest = torch.tensor(sorted(range(bs), key=lens.__getitem__, reverse=True), device=k.device, dtype=torch.int32)
         for splits, (name, order) in itertools.product((1, 2, 4), (("batch", None), ("longest", longest))):
             us = bench(lambda: decode_attention(q, k, v, table, rows, seq_lens, 0.088, num_splits=splits, out=out,
                                                 order=order))  # fmt: skip
@@ -62,14 +67,7 @@ def main() -> None:
         return
     print(f"{'bs':>4} {'ctx':>5} {'splits':>6} {'blk':>4} {'w':>2} {'st':>2} {'us':>8} {'TB/s':>6}")
     for bs, ctx in SHAPES:
-        pages_per_req = triton.cdiv(ctx, PAGE)
-        perm = torch.randperm(num_pages, device=dev)[: bs * pages_per_req].view(bs, pages_per_req)
-        table = (perm[:, :, None] * PAGE + torch.arange(PAGE, device=dev)).view(bs, -1)[:, :ctx].to(torch.int32).contiguous()
-        rows = torch.arange(bs, device=dev, dtype=torch.int32)
-        seq_lens = torch.full((bs,), ctx, device=dev, dtype=torch.int32)
-        q = torch.randn(bs, HQ, D, device=dev, dtype=torch.bfloat16)
-        out = torch.empty_like(q)
-        nbytes = 2 * bs * ctx * HKV * D * 2
+        table, rows, seq_lens, q, out, nbytes = make_batch([ctx] * bs, num_pages, dev)
         default_splits = decode_num_splits(bs, HKV, D, None, dev)
         results = []
         for splits, blk, warps, stages in itertools.product(
