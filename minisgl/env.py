@@ -32,7 +32,6 @@ class Env:
     cpu_kernels: bool
     cpu_attn_kernel: bool
     default_dtype: str | None
-    two_batch_min_bs: int
 
     @staticmethod
     def read() -> "Env":
@@ -55,9 +54,6 @@ class Env:
             cpu_attn_kernel=_bool("MINISGL_CPU_ATTN_KERNEL", True),
             # What `--dtype auto` means, overriding the platform's choice (e.g. float32 on CPU).
             default_dtype=os.environ.get("MINISGL_DEFAULT_DTYPE") or None,
-            # Decode graphs of this many requests and more run as two half-batches on two streams,
-            # one half's projections beside the other's attention (engine/graph.py); 0: never.
-            two_batch_min_bs=_int("MINISGL_TWO_BATCH_MIN_BS", 64),
         )
 
 

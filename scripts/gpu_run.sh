@@ -2,7 +2,7 @@
 # One call on the GPU machine: install the carried wheels, run the GPU tests, run the benchmarks,
 # print a table last. Usage (through the device tool, with carry [".whl"]):
 #   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,host,check,backend,profile,prefill,workload,sweep,main,
-#                                       ragged,pdl,gemm,gaps,hostprefill,ablate,twobatch,tbo,bench,bench8b,moe,hf,tp (tp: two GPUs) or all
+#                                       ragged,pdl,gemm,gaps,hostprefill,ablate,bench,bench8b,moe,hf,tp (tp: two GPUs) or all
 # Results land in $OUT (if set) as gpu_tests.log, profile_*.txt and bench.jsonl.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -64,13 +64,6 @@ if has bench; then
     bench qwen3-0.6b-nograph 90 $W --cuda-graph-max-bs 0
 fi
 has main && bench qwen3-0.6b 110 $W  # the headline run alone
-has twobatch && timeout 240 python3 scripts/probe_two_batch.py 2>&1 | grep -v INFO | tee "$OUT/twobatch.txt"
-if has tbo; then  # two half-batches (default) against one batch, each twice, interleaved
-    for i in 1 2; do
-        bench qwen3-0.6b 110 $W
-        MINISGL_TWO_BATCH_MIN_BS=0 bench qwen3-0.6b-onebatch 110 $W
-    done
-fi
 if has ablate; then  # switches under study, each against the headline run of the same call
     MINISGL_PDL=0 bench qwen3-0.6b-nopdl 110 $W
     bench qwen3-0.6b-prefill8k 110 $W --max-prefill-tokens 8192

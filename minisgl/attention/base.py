@@ -49,8 +49,8 @@ class BaseAttnBackend(ABC):
     def init_graph_state(self, max_bs: int) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
 
-    def prepare_for_capture(self, batch: ForwardBatch, offset: int = 0, part: int = 0) -> None:
+    def prepare_for_capture(self, batch: ForwardBatch) -> None:
         raise NotImplementedError
 
-    def prepare_for_replay(self, batch: ForwardBatch, parts: tuple[int, ...] = ()) -> None:
+    def prepare_for_replay(self, batch: ForwardBatch) -> None:
         raise NotImplementedError

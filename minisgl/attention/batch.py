@@ -8,20 +8,11 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal, Protocol
+from typing import Any, Iterator, Literal
 
 import torch
 
 Phase = Literal["extend", "decode"]
-
-
-class AttentionFence(Protocol):
-    """Called around each layer's attention of a batch that runs beside another one on a second
-    stream (`engine/graph.py`, two half-batches): orders the attention kernels across streams."""
-
-    def before(self, layer_id: int) -> None: ...
-
-    def after(self, layer_id: int) -> None: ...
 
 
 @dataclass
@@ -47,7 +38,6 @@ class ForwardBatch:
     extend_lens_cpu: list[int]
     sample_idx: torch.Tensor  # [S] int64, token indices (into T) whose logits are needed
     attn_meta: Any = field(default=None)  # filled by the attention backend's prepare()
-    fence: AttentionFence | None = None  # set when this batch is one of two interleaved halves
 
     @property
     def batch_size(self) -> int:

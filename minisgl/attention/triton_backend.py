@@ -67,12 +67,11 @@ class _GraphBuffers:
     max_bs: int
     rows: torch.Tensor  # [max_bs] int64
     seq_lens: torch.Tensor  # [max_bs] int32; 0 past the live batch, which empties those entries
-    order: torch.Tensor  # [max_bs] int32; each part's requests longest first (indices within the part)
+    order: torch.Tensor  # [max_bs] int32; the batch longest first, then the padding entries
     # Flat fp32 scratch shared by every captured size: size bs views it as [bs, Hq, splits(bs), D].
-    # splits(bs) falls as bs grows, so the largest bs * splits(bs) bounds a region (a few MB).
-    mid_o: torch.Tensor  # two regions of `capacity` entry-splits each (one per half-batch)
+    # splits(bs) falls as bs grows, so the largest bs * splits(bs) bounds it (a few MB).
+    mid_o: torch.Tensor
     mid_lse: torch.Tensor
-    capacity: int
     token_table_ptr: int | None = None  # the table captured graphs read; it must stay the same tensor
 
 
@@ -188,78 +187,57 @@ class TritonAttnBackend(BaseAttnBackend):
             rows=torch.zeros(max_bs, dtype=torch.int64, device=self.device),
             seq_lens=torch.zeros(max_bs, dtype=torch.int32, device=self.device),
             order=torch.arange(max_bs, dtype=torch.int32, device=self.device),
-            mid_o=torch.empty(2 * capacity * self.num_heads * self.head_dim, dtype=torch.float32, device=self.device),
-            mid_lse=torch.empty(2 * capacity * self.num_heads, dtype=torch.float32, device=self.device),
-            capacity=capacity,
+            mid_o=torch.empty(capacity * self.num_heads * self.head_dim, dtype=torch.float32, device=self.device),
+            mid_lse=torch.empty(capacity * self.num_heads, dtype=torch.float32, device=self.device),
         )
 
-    def prepare_for_capture(self, batch: ForwardBatch, offset: int = 0, part: int = 0) -> None:
+    def prepare_for_capture(self, batch: ForwardBatch) -> None:
         """Metadata for capturing decode at `batch.batch_size`, pointing at the static buffers.
 
-        `offset`: where the batch's entries live in the static buffers; `part` (0 or 1): which of
-        two scratch regions it uses. A graph of two half-batches (`engine/graph.py`) captures the
-        second half at offset = the first half's size, part 1, so both may run at once.
         The split count assumes a long context (lengths change between replays); requests shorter
         than that leave the surplus splits empty."""
-        graph = self._graph_for(batch, offset)
+        graph = self._graph_for(batch)
         batch_size = batch.batch_size
         if graph.token_table_ptr is None:
             graph.token_table_ptr = batch.token_table.data_ptr()
-        self._load_part(graph, offset, batch.rows, batch.seq_lens, batch.seq_lens_cpu)
+        self._load_inputs(graph, batch)
         num_splits = self._graph_splits(batch_size)
         shape = (batch_size, self.num_heads, num_splits)
-        base = part * graph.capacity
-        entries = slice(offset, offset + batch_size)
         batch.attn_meta = TritonDecodeMeta(
-            rows=graph.rows[entries],
-            seq_lens=graph.seq_lens[entries],
-            order=graph.order[entries],
+            rows=graph.rows[:batch_size],
+            seq_lens=graph.seq_lens[:batch_size],
+            order=graph.order[:batch_size],
             num_splits=num_splits,
-            mid_o=graph.mid_o[base * self.num_heads * self.head_dim :][: math.prod(shape) * self.head_dim].view(
-                *shape, self.head_dim
-            ),
-            mid_lse=graph.mid_lse[base * self.num_heads :][: math.prod(shape)].view(shape),
+            mid_o=graph.mid_o[: math.prod(shape) * self.head_dim].view(*shape, self.head_dim),
+            mid_lse=graph.mid_lse[: math.prod(shape)].view(shape),
         )
 
-    def prepare_for_replay(self, batch: ForwardBatch, parts: tuple[int, ...] = ()) -> None:
+    def prepare_for_replay(self, batch: ForwardBatch) -> None:
         """Copy the live batch's rows and lengths into the static buffers before a replay.
 
         `batch` may be the live batch (smaller than the captured size) or already padded; entries
-        past it get seq_len 0, so the captured kernels compute nothing there and output zeros.
-        `parts`: the offsets where captured half-batches start after the first (e.g. (h,) for two
-        halves of h); each part orders its own requests longest first."""
-        graph = self._graph_for(batch)
-        batch_size = batch.batch_size
-        assert all(0 < start < batch_size for start in parts), "parts start inside the batch"
-        graph.rows[:batch_size].copy_(batch.rows)
-        graph.seq_lens[:batch_size].copy_(batch.seq_lens)
-        graph.rows[batch_size:].zero_()
-        graph.seq_lens[batch_size:].zero_()
-        bounds = [0, *parts, batch_size]
-        lens = batch.seq_lens_cpu
-        order = [i for start, end in zip(bounds, bounds[1:]) for i in _longest_first(lens[start:end])]
-        # Padding entries (any captured size may read them) follow in their own order.
-        graph.order.copy_(upload(order + list(range(batch_size, graph.max_bs)), torch.int32, self.device))
+        past it get seq_len 0, so the captured kernels compute nothing there and output zeros."""
+        self._load_inputs(self._graph_for(batch), batch)
 
     def _graph_splits(self, batch_size: int) -> int:
         return decode_num_splits(batch_size, self.num_kv_heads, self.head_dim, None, self.device)
 
-    def _graph_for(self, batch: ForwardBatch, offset: int = 0) -> _GraphBuffers:
+    def _graph_for(self, batch: ForwardBatch) -> _GraphBuffers:
         graph = self._graph
         assert graph is not None, "init_graph_state() must run before capture or replay"
-        assert batch.phase == "decode" and offset + batch.batch_size <= graph.max_bs
+        assert batch.phase == "decode" and batch.batch_size <= graph.max_bs
         assert graph.token_table_ptr in (None, batch.token_table.data_ptr()), "captured graphs read another table"
         return graph
 
-    def _load_part(
-        self, graph: _GraphBuffers, offset: int, rows: torch.Tensor, seq_lens: torch.Tensor, lens: list[int]
-    ) -> None:
-        """Entries [offset, offset + len(lens)) of the static buffers; their order (indices within
-        the part) longest first."""
-        end = offset + len(lens)
-        graph.rows[offset:end].copy_(rows)
-        graph.seq_lens[offset:end].copy_(seq_lens)
-        graph.order[offset:end].copy_(upload(_longest_first(lens), torch.int32, self.device))
+    def _load_inputs(self, graph: _GraphBuffers, batch: ForwardBatch) -> None:
+        batch_size = batch.batch_size
+        graph.rows[:batch_size].copy_(batch.rows)
+        graph.seq_lens[:batch_size].copy_(batch.seq_lens)
+        # Padding entries (any captured size may read them) follow in their own order.
+        order = _longest_first(batch.seq_lens_cpu) + list(range(batch_size, graph.max_bs))
+        graph.order.copy_(upload(order, torch.int32, self.device))
+        graph.rows[batch_size:].zero_()
+        graph.seq_lens[batch_size:].zero_()
 
 
 def _longest_first(lens: list[int]) -> list[int]:

@@ -251,7 +251,7 @@ class Engine:
         if self.platform.supports_graphs and max_bs > 0 and graphs_ok:
             return GraphRunner(
                 self.model, self.attn_backend, self.token_table, max_bs,
-                self.scratch_row, self.pool.scratch_slot, self.device, ENV.two_batch_min_bs,
+                self.scratch_row, self.pool.scratch_slot, self.device,
             )
         return EagerRunner(self.model, self.attn_backend)
 

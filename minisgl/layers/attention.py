@@ -26,10 +26,5 @@ class AttentionLayer(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> torch.Tensor:
         assert self.backend is not None, "attention backend not bound"
-        batch = current_batch()
-        if batch.fence is not None:
-            batch.fence.before(self.layer_id)
-        out = self.backend.forward(q, k, v, self.layer_id, batch)
-        if batch.fence is not None:
-            batch.fence.after(self.layer_id)
+        out = self.backend.forward(q, k, v, self.layer_id, current_batch())
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)

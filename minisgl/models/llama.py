@@ -6,8 +6,6 @@ checkpoint tensors onto the fused projections.
 
 from __future__ import annotations
 
-from typing import Generator
-
 import torch
 from torch import nn
 
@@ -95,27 +93,12 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return run_steps(self.layer_steps(input_ids, positions))
-
-    def layer_steps(self, input_ids: torch.Tensor, positions: torch.Tensor) -> Generator[None, None, torch.Tensor]:
-        """The forward pass one decoder layer at a time: yields after each layer and returns the
-        final hidden states, so a caller can interleave two batches layer by layer."""
         hidden = self.embed_tokens(input_ids)
         residual: torch.Tensor | None = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual)
-            yield
         hidden, _ = self.norm(hidden, residual)
         return hidden
-
-
-def run_steps(steps: Generator[None, None, torch.Tensor]) -> torch.Tensor:
-    """Drive a `layer_steps` generator to its end; its return value."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as stop:
-            return stop.value
 
 
 class LlamaForCausalLM(nn.Module):
@@ -143,10 +126,6 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states of every input token: [T, hidden]."""
         return self.model(input_ids, positions)
-
-    def forward_steps(self, input_ids: torch.Tensor, positions: torch.Tensor) -> Generator[None, None, torch.Tensor]:
-        """`forward` one decoder layer per `next()` (see `DecoderModel.layer_steps`)."""
-        return self.model.layer_steps(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.logits(hidden)
