@@ -10,6 +10,7 @@ would spend a 64-row tile, and a KV read per q head instead of per KV head, on e
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 
 import torch
@@ -62,16 +63,18 @@ TritonAttnMeta = TritonExtendMeta | TritonDecodeMeta
 
 @dataclass(slots=True)
 class _GraphBuffers:
-    """Decode inputs the captured kernels read by address; replay refreshes them in place."""
+    """Decode state the captured kernels read by address, besides the runner's static batch."""
 
     max_bs: int
-    rows: torch.Tensor  # [max_bs] int64
-    seq_lens: torch.Tensor  # [max_bs] int32; 0 past the live batch, which empties those entries
     order: torch.Tensor  # [max_bs] int32; the batch longest first, then the padding entries
     # Flat fp32 scratch shared by every captured size: size bs views it as [bs, Hq, splits(bs), D].
     # splits(bs) falls as bs grows, so the largest bs * splits(bs) bounds it (a few MB).
     mid_o: torch.Tensor
     mid_lse: torch.Tensor
+    # Staging for `order`: two [max_bs] int32 host buffers (pinned on CUDA) used in turn, as
+    # utils.transfer.StagingRing: a replay's copy may be in flight while the next one is staged.
+    order_host: tuple[torch.Tensor, torch.Tensor]
+    turn: int = 0
     token_table_ptr: int | None = None  # the table captured graphs read; it must stay the same tensor
 
 
@@ -184,15 +187,18 @@ class TritonAttnBackend(BaseAttnBackend):
         capacity = max(bs * self._graph_splits(bs) for bs in range(1, max_bs + 1))
         self._graph = _GraphBuffers(
             max_bs=max_bs,
-            rows=torch.zeros(max_bs, dtype=torch.int64, device=self.device),
-            seq_lens=torch.zeros(max_bs, dtype=torch.int32, device=self.device),
             order=torch.arange(max_bs, dtype=torch.int32, device=self.device),
             mid_o=torch.empty(capacity * self.num_heads * self.head_dim, dtype=torch.float32, device=self.device),
             mid_lse=torch.empty(capacity * self.num_heads, dtype=torch.float32, device=self.device),
+            order_host=tuple(  # type: ignore[arg-type]
+                torch.empty(max_bs, dtype=torch.int32, pin_memory=self.device.type == "cuda") for _ in range(2)
+            ),
         )
 
     def prepare_for_capture(self, batch: ForwardBatch) -> None:
-        """Metadata for capturing decode at `batch.batch_size`, pointing at the static buffers.
+        """Metadata for capturing decode at `batch.batch_size`: the kernels will read the batch's
+        own `rows` and `seq_lens` (the runner's static buffers, refreshed before each replay) and
+        this backend's static order and scratch.
 
         The split count assumes a long context (lengths change between replays); requests shorter
         than that leave the surplus splits empty."""
@@ -200,12 +206,12 @@ class TritonAttnBackend(BaseAttnBackend):
         batch_size = batch.batch_size
         if graph.token_table_ptr is None:
             graph.token_table_ptr = batch.token_table.data_ptr()
-        self._load_inputs(graph, batch)
+        self.prepare_for_replay(batch)
         num_splits = self._graph_splits(batch_size)
         shape = (batch_size, self.num_heads, num_splits)
         batch.attn_meta = TritonDecodeMeta(
-            rows=graph.rows[:batch_size],
-            seq_lens=graph.seq_lens[:batch_size],
+            rows=batch.rows,
+            seq_lens=batch.seq_lens,
             order=graph.order[:batch_size],
             num_splits=num_splits,
             mid_o=graph.mid_o[: math.prod(shape) * self.head_dim].view(*shape, self.head_dim),
@@ -213,11 +219,17 @@ class TritonAttnBackend(BaseAttnBackend):
         )
 
     def prepare_for_replay(self, batch: ForwardBatch) -> None:
-        """Copy the live batch's rows and lengths into the static buffers before a replay.
-
-        `batch` may be the live batch (smaller than the captured size) or already padded; entries
-        past it get seq_len 0, so the captured kernels compute nothing there and output zeros."""
-        self._load_inputs(self._graph_for(batch), batch)
+        """Before a replay: the order of the requests in the captured batch's buffers, which the
+        caller has refreshed, padded to the captured size (padding entries have seq_len 0: the
+        kernels compute nothing there and output zeros). One host-to-device copy."""
+        graph = self._graph_for(batch)
+        batch_size = batch.batch_size
+        # Padding entries (any captured size may read them) follow in their own order.
+        order = _longest_first(batch.seq_lens_cpu) + list(range(batch_size, graph.max_bs))
+        graph.turn ^= 1
+        host = graph.order_host[graph.turn]
+        host.copy_(torch.frombuffer(array("i", order), dtype=torch.int32))
+        graph.order.copy_(host, non_blocking=True)
 
     def _graph_splits(self, batch_size: int) -> int:
         return decode_num_splits(batch_size, self.num_kv_heads, self.head_dim, None, self.device)
@@ -228,16 +240,6 @@ class TritonAttnBackend(BaseAttnBackend):
         assert batch.phase == "decode" and batch.batch_size <= graph.max_bs
         assert graph.token_table_ptr in (None, batch.token_table.data_ptr()), "captured graphs read another table"
         return graph
-
-    def _load_inputs(self, graph: _GraphBuffers, batch: ForwardBatch) -> None:
-        batch_size = batch.batch_size
-        graph.rows[:batch_size].copy_(batch.rows)
-        graph.seq_lens[:batch_size].copy_(batch.seq_lens)
-        # Padding entries (any captured size may read them) follow in their own order.
-        order = _longest_first(batch.seq_lens_cpu) + list(range(batch_size, graph.max_bs))
-        graph.order.copy_(upload(order, torch.int32, self.device))
-        graph.rows[batch_size:].zero_()
-        graph.seq_lens[batch_size:].zero_()
 
 
 def _longest_first(lens: list[int]) -> list[int]:

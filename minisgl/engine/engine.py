@@ -306,17 +306,21 @@ class Engine:
                 sampled.append(req)
         assert len(plan.out_loc) == len(input_ids)
         dst, src = [t for t, _ in plan.from_prev], [j for _, j in plan.from_prev]
-        (ids_t, pos_t, out_loc, table_rows, table_pos, table_slots, rows_t, seq_t, ext_t, starts_t, sample_t,
-         dst_t, src_t, targets_t) = upload_many(self._staging, self.device, [
-            input_ids, positions, plan.out_loc, rows_per_token + plan.table_rows, plan.table_pos,
-            plan.table_slots, rows, seq_lens, ext_lens, starts, sample_idx + prompt_idx, dst, src, prompt_targets,
-        ])  # fmt: skip
+        (ids_t, pos_t, table_rows, table_pos, sample_t, dst_t, src_t, targets_t, out_loc, rows_t,
+         seq_t, ext_t, starts_t, table_slots) = upload_many(self._staging, self.device, [
+            input_ids, positions, rows_per_token + plan.table_rows, positions + plan.table_pos,
+            sample_idx + prompt_idx, dst, src, prompt_targets, plan.out_loc, rows,
+            seq_lens, ext_lens, starts, plan.out_loc + plan.table_slots,
+        ], int32_tail=4)  # fmt: skip
         if dst:
             # Tokens sampled by the step still in flight: read them on the device.
             assert prev is not None
-            ids_t = ids_t.clone()
-            ids_t[dst_t] = prev.tokens[src_t]
-        self.token_table[table_rows, torch.cat([pos_t, table_pos])] = torch.cat([out_loc, table_slots]).to(torch.int32)
+            if len(dst) == len(input_ids):  # every token (a decode step): one gather
+                ids_t = prev.tokens.index_select(0, src_t)
+            else:
+                ids_t = ids_t.clone()
+                ids_t[dst_t] = prev.tokens[src_t]
+        self.token_table[table_rows, table_pos] = table_slots
         # Decode (the graph path) only when every token is a request's sampled token, in order.
         decode = len(input_ids) == len(ext_lens) == len(sample_idx) and not prompt_idx
         batch = ForwardBatch(
@@ -325,9 +329,9 @@ class Engine:
             positions=pos_t,
             out_loc=out_loc,
             rows=rows_t,
-            seq_lens=seq_t.to(torch.int32),
-            extend_lens=ext_t.to(torch.int32),
-            extend_starts=starts_t.to(torch.int32),
+            seq_lens=seq_t,
+            extend_lens=ext_t,
+            extend_starts=starts_t,
             token_table=self.token_table,
             seq_lens_cpu=seq_lens,
             extend_lens_cpu=ext_lens,

@@ -2,7 +2,9 @@
 
 `GraphRunner` captures the decode forward for a ladder of batch sizes up to `max_bs`; a live
 decode batch is padded to the nearest captured size (padding rows attend to nothing and write
-their KV to the pool's scratch slot) and replayed. Anything else runs eagerly.
+their KV to the pool's scratch slot) and replayed. Anything else runs eagerly. The captured
+kernels read the runner's static input buffers, the attention metadata included, so a replay
+costs a few copies into them.
 """
 
 from __future__ import annotations
@@ -69,8 +71,10 @@ class GraphRunner:
         self.positions = torch.zeros(max_bs, **long)  # type: ignore[arg-type]
         self.out_loc = torch.full((max_bs,), scratch_slot, **long)  # type: ignore[arg-type]
         self.rows = torch.full((max_bs,), scratch_row, **long)  # type: ignore[arg-type]
-        self.seq_lens = torch.ones(max_bs, dtype=torch.int32, device=device)
+        self.seq_lens = torch.zeros(max_bs, dtype=torch.int32, device=device)
         self.arange = torch.arange(max_bs, **long)  # type: ignore[arg-type]
+        self.arange32 = self.arange.int()
+        self.ones32 = torch.ones(max_bs, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         backend.init_graph_state(max_bs)
@@ -86,8 +90,8 @@ class GraphRunner:
             out_loc=self.out_loc[:bs],
             rows=self.rows[:bs],
             seq_lens=self.seq_lens[:bs],
-            extend_lens=torch.ones_like(self.seq_lens[:bs]),
-            extend_starts=self.arange[:bs].int(),
+            extend_lens=self.ones32[:bs],
+            extend_starts=self.arange32[:bs],
             token_table=self.token_table,
             seq_lens_cpu=seq_lens_cpu if seq_lens_cpu is not None else [1] * bs,
             extend_lens_cpu=[1] * bs,
@@ -127,11 +131,10 @@ class GraphRunner:
         self.rows[:bs].copy_(batch.rows)
         self.seq_lens[:bs].copy_(batch.seq_lens)
         if padded > bs:
-            self.input_ids[bs:padded].zero_()
-            self.positions[bs:padded].zero_()
+            # Padding entries attend to nothing (seq_len 0) and write their KV to the scratch
+            # slot; their token, position and row are left from earlier steps (valid, unused).
             self.out_loc[bs:padded].fill_(self.scratch_slot)
-            self.rows[bs:padded].fill_(self.scratch_row)
-            self.seq_lens[bs:padded].fill_(1)
-        self.backend.prepare_for_replay(self._static_batch(padded, batch.seq_lens_cpu + [1] * (padded - bs)))
+            self.seq_lens[bs:padded].zero_()
+        self.backend.prepare_for_replay(self._static_batch(padded, batch.seq_lens_cpu + [0] * (padded - bs)))
         self.graphs[padded].replay()
         return self.logits[padded][:bs]

@@ -123,7 +123,7 @@ class SamplingBatch:
     all_greedy: bool
     any_greedy: bool
     temperature: torch.Tensor  # [R] float; 1.0 for greedy rows (unused there)
-    greedy: torch.Tensor  # [R] bool
+    greedy: torch.Tensor  # [R] bool; empty when no row is greedy
     top_k: torch.Tensor | None  # [R] int64, vocab for "off"; None if no row uses top-k
     top_p: torch.Tensor | None  # [R] float; None if no row uses top-p
     min_p: torch.Tensor | None  # [R] float; None if no row uses min-p
@@ -139,7 +139,9 @@ class SamplingBatch:
             return SamplingBatch(True, True, empty, empty.bool(), None, None, None, None, None)
         f32, i64 = torch.float32, torch.int64
         temperature = upload([p.temperature if not p.greedy else 1.0 for p in params], f32, device)
-        greedy = upload([p.greedy for p in params], torch.bool, device)
+        any_greedy = any(p.greedy for p in params)
+        # Read only when some row is greedy (one upload less per step otherwise).
+        greedy = upload([p.greedy for p in params], torch.bool, device) if any_greedy else torch.empty(0, dtype=torch.bool)
         top_k = None
         if any(p.top_k is not None for p in params):
             top_k = upload([min(p.top_k or vocab, vocab) for p in params], i64, device)
@@ -151,7 +153,6 @@ class SamplingBatch:
             seeded_rows = upload(seeded, i64, device)
             keys = [_signed(int(params[i].seed) * 1_000_003 + steps[i]) for i in seeded]  # type: ignore[arg-type]
             seed_keys = upload(keys, i64, device)
-        any_greedy = any(p.greedy for p in params)
         return SamplingBatch(False, any_greedy, temperature, greedy, top_k, top_p, min_p, seeded_rows, seed_keys)
 
 

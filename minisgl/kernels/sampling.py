@@ -10,8 +10,8 @@ spends ~70 and made the kernel compute-bound (184 us vs the ~20 us the read take
 an H200). The kernel needs no RNG state and no host reads.
 
 Each row is cut into splits handled by separate programs (enough programs to fill the GPU at
-small batch); the splits' maxima are reduced on the device by `torch.argmax`, whose
-first-maximum rule keeps the lowest index since splits are ordered.
+small batch); a second small kernel picks each row's best split, the first among equal maxima,
+which keeps the lowest index since splits are in vocab order.
 
 Used for the common case only (no top-k/top-p/min-p, no per-request seed, no logit controls);
 everything else takes the general path in `engine/sampler.py`, which is also its reference.
@@ -82,14 +82,33 @@ def _gumbel_argmax_kernel(
     tl.store(idx_ptr + row * num_splits + split, first)
 
 
-def gumbel_sample(logits: torch.Tensor, temperature: torch.Tensor, seed: int) -> torch.Tensor:
+@triton.jit
+def _pick_split_kernel(val_ptr, idx_ptr, out_ptr, num_splits, SPLITS: tl.constexpr, PDL: tl.constexpr):
+    """Per row: the token of the best split (the first among equal maxima: splits are in vocab
+    order), as int64."""
+    if PDL:
+        gdc_wait()
+    row = tl.program_id(0)
+    offs = tl.arange(0, SPLITS)
+    mask = offs < num_splits
+    vals = tl.load(val_ptr + row * num_splits + offs, mask=mask, other=float("-inf"))
+    top = tl.max(vals, axis=0)
+    first = tl.min(tl.where((vals == top) & mask, offs, SPLITS), axis=0)
+    token = tl.load(idx_ptr + row * num_splits + first)
+    tl.store(out_ptr + row, token.to(tl.int64))
+
+
+def gumbel_sample(
+    logits: torch.Tensor, temperature: torch.Tensor, seed: int, *, split: int = _SPLIT, block: int = _BLOCK,
+    num_warps: int = 4,
+) -> torch.Tensor:
     """logits [R, V] (any float dtype, unit stride along V), temperature [R] float32 (0: greedy)
-    -> sampled token ids [R] int64."""
+    -> sampled token ids [R] int64. `split`/`block`/`num_warps` override the launch (sweeps)."""
     rows, vocab = logits.shape
     assert logits.stride(1) == 1 and temperature.shape == (rows,)
     assert rows * vocab < 2**31, "kept within int32 element offsets"
-    block = min(_BLOCK, triton.next_power_of_2(vocab))
-    split = max(block, _SPLIT // block * block)
+    block = min(block, triton.next_power_of_2(vocab))
+    split = max(block, split // block * block)
     num_splits = triton.cdiv(vocab, split)
     values = torch.empty(rows, num_splits, dtype=torch.float32, device=logits.device)
     indices = torch.empty(rows, num_splits, dtype=torch.int32, device=logits.device)
@@ -97,7 +116,11 @@ def gumbel_sample(logits: torch.Tensor, temperature: torch.Tensor, seed: int) ->
         return torch.empty(0, dtype=torch.int64, device=logits.device)
     _gumbel_argmax_kernel[(rows, num_splits)](
         logits, temperature.float(), values, indices, logits.stride(0), vocab, num_splits, seed & 0x7FFFFFFF,
-        SPLIT=split, BLOCK=block, num_warps=4, **pdl_args(logits.device),
+        SPLIT=split, BLOCK=block, num_warps=num_warps, **pdl_args(logits.device),
     )  # fmt: skip
-    best = values.argmax(dim=1, keepdim=True)
-    return indices.gather(1, best).squeeze(1).long()
+    tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    _pick_split_kernel[(rows,)](
+        values, indices, tokens, num_splits, SPLITS=triton.next_power_of_2(num_splits), num_warps=1,
+        **pdl_args(logits.device),
+    )  # fmt: skip
+    return tokens

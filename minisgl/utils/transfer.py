@@ -34,8 +34,11 @@ class StagingRing:
         return self.buffers[self.turn][:n]
 
 
-def upload_many(staging: StagingRing, device: torch.device, parts: list[list[int]]) -> list[torch.Tensor]:
-    """Several host int lists -> int64 device views, one per list, in one non-blocking transfer."""
+def upload_many(
+    staging: StagingRing, device: torch.device, parts: list[list[int]], int32_tail: int = 0
+) -> list[torch.Tensor]:
+    """Several host int lists -> device views, one per list, in one non-blocking transfer: int64,
+    except the last `int32_tail` lists, which come back int32 from one conversion on the device."""
     flat = array("q")
     for part in parts:
         flat.extend(part)
@@ -43,4 +46,8 @@ def upload_many(staging: StagingRing, device: torch.device, parts: list[list[int
     if flat:
         host.copy_(torch.frombuffer(flat, dtype=torch.int64))
     dev = host.to(device, non_blocking=True)
-    return list(dev.split([len(part) for part in parts]))
+    sizes = [len(part) for part in parts]
+    if not int32_tail:
+        return list(dev.split(sizes))
+    head = sum(sizes[:-int32_tail])
+    return [*dev[:head].split(sizes[:-int32_tail]), *dev[head:].to(torch.int32).split(sizes[-int32_tail:])]

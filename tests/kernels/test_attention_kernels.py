@@ -356,7 +356,13 @@ def test_backend_cuda_graph_capture_and_replay() -> None:
     static_q[:5].normal_(generator=gen)
     static_kv[:, :5].normal_(generator=gen)
     static_loc[:5] = live_loc
-    backend.prepare_for_replay(live)
+    # What the graph runner does before a replay: the live batch into the captured buffers, the
+    # padding entries at seq_len 0, then the backend's order for these lengths.
+    capture.rows[:5] = live.rows
+    capture.seq_lens[:5] = live.seq_lens
+    capture.seq_lens[5:] = 0
+    capture.seq_lens_cpu = seq_lens + [0] * (max_bs - 5)
+    backend.prepare_for_replay(capture)
     graph.replay()
     expected = decode_attention_ref(static_q[:5], pool.k[0], pool.v[0], token_table, live.rows, live.seq_lens,
                                     head_dim**-0.5)  # fmt: skip

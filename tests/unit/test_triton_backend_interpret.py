@@ -163,7 +163,8 @@ def test_mixed_steps_split_between_kernels(extend_lens: list[int]) -> None:
 
 
 def test_graph_buffers_replay_smaller_batch() -> None:
-    """Capture metadata at bs 4, then replay a bs-3 decode through the same static buffers."""
+    """Capture metadata at bs 4, then replay a bs-3 decode (padded to 4) through the same static
+    buffers."""
     gen = torch.Generator().manual_seed(1)
     heads, head_dim = (4, 2), 64
     pool = KVPool(1, 64, PAGE_SIZE, heads[1], head_dim, torch.float32, DEVICE)
@@ -195,8 +196,17 @@ def test_graph_buffers_replay_smaller_batch() -> None:
     assert captured.num_splits == decode_num_splits(4, heads[1], head_dim, None, DEVICE)
 
     live = make_batch(reqs, [1, 1, 1])
-    backend.prepare_for_replay(live)
+    # What the runner does before a replay: the live batch into its static buffers (the captured
+    # metadata reads them), the padding entry at seq_len 0, then the backend's order.
     capture.out_loc[:3] = live.out_loc
+    capture.rows[:3] = live.rows
+    capture.seq_lens[:3] = live.seq_lens
+    capture.seq_lens[3:] = 0
+    capture.seq_lens_cpu = live.seq_lens_cpu + [0]
+    backend.prepare_for_replay(capture)
+    assert captured.rows is capture.rows and captured.seq_lens is capture.seq_lens
+    # Longest first, the padding entry last.
+    assert captured.order.tolist() == sorted(range(4), key=capture.seq_lens_cpu.__getitem__, reverse=True)
     q, k, v = random_qkv(4, heads, head_dim, gen)
     out = backend.forward(q, k, v, 0, capture)  # what replaying the captured kernels computes
     expected = reference(pool, 0, q[:3], live, 0.125)

@@ -1,0 +1,46 @@
+"""Launch sweep of the fused sampling kernel (`kernels/sampling.py`) on the offline workload's
+shape: R rows of Qwen3's 151,936-entry vocabulary, bf16 logits, temperature 0.6.
+`python scripts/sweep_sampling.py` prints us per call (CUDA-graph replayed) for the default and
+the swept (split, block, warps)."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+import triton
+
+from minisgl.kernels.sampling import gumbel_sample
+
+VOCAB = 151_936
+
+
+def bench(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(10):
+            fn()
+    return triton.testing.do_bench(graph.replay, warmup=10, rep=40) / 10 * 1e3
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    print(f"{'rows':>5} {'split':>6} {'block':>6} {'warps':>5} {'us':>8} {'GB/s':>7}")
+    for rows in (256, 170, 64, 16):
+        logits = torch.randn(rows, VOCAB, device=dev).bfloat16()
+        temperature = torch.full((rows,), 0.6, device=dev)
+        results = []
+        for split, block, warps in itertools.product((4096, 8192, 16384, 32768), (512, 1024, 2048, 4096), (4, 8)):
+            if block > split:
+                continue
+            us = bench(lambda: gumbel_sample(logits, temperature, 7, split=split, block=block, num_warps=warps))
+            results.append((us, split, block, warps))
+        default = next(r for r in results if r[1:] == (8192, 1024, 4))
+        for tag, (us, split, block, warps) in [("default", default)] + [("", r) for r in sorted(results)[:3]]:
+            print(f"{rows:>5} {split:>6} {block:>6} {warps:>5} {us:>8.1f} {logits.numel() * 2 / us / 1e3:>7.0f} {tag}")
+
+
+if __name__ == "__main__":
+    main()
