@@ -34,20 +34,31 @@ class StagingRing:
         return self.buffers[self.turn][:n]
 
 
+_ALIGN = 4  # elements: every part starts 16-byte aligned in int32 as in int64
+
+
 def upload_many(
     staging: StagingRing, device: torch.device, parts: list[list[int]], int32_tail: int = 0
 ) -> list[torch.Tensor]:
     """Several host int lists -> device views, one per list, in one non-blocking transfer: int64,
-    except the last `int32_tail` lists, which come back int32 from one conversion on the device."""
+    except the last `int32_tail` lists, which come back int32 from one conversion on the device.
+
+    Each view starts 16-byte aligned. Triton specialises a kernel on whether each pointer argument
+    is (`tt.divisibility`), so views at varying offsets would make it compile a second variant of
+    a kernel the first time one lands unaligned, in the middle of serving."""
     flat = array("q")
+    padded = []
     for part in parts:
         flat.extend(part)
+        pad = -len(part) % _ALIGN
+        flat.extend([0] * pad)
+        padded.append(len(part) + pad)
     host = staging.take(len(flat))
     if flat:
         host.copy_(torch.frombuffer(flat, dtype=torch.int64))
     dev = host.to(device, non_blocking=True)
-    sizes = [len(part) for part in parts]
-    if not int32_tail:
-        return list(dev.split(sizes))
-    head = sum(sizes[:-int32_tail])
-    return [*dev[:head].split(sizes[:-int32_tail]), *dev[head:].to(torch.int32).split(sizes[-int32_tail:])]
+    chunks = list(dev.split(padded))
+    if int32_tail:
+        head = sum(padded[:-int32_tail])
+        chunks[-int32_tail:] = dev[head:].to(torch.int32).split(padded[-int32_tail:])
+    return [chunk[: len(part)] for chunk, part in zip(chunks, parts)]
