@@ -2,7 +2,7 @@
 # One call on the GPU machine: install the carried wheels, run the GPU tests, run the benchmarks,
 # print a table last. Usage (through the device tool, with carry [".whl"]):
 #   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,host,check,backend,profile,prefill,workload,sweep,main,
-#                                       ragged,pdl,sampling,gemm,gaps,hostprefill,ablate,bench,bench8b,moe,hf,tp (tp: two GPUs) or all
+#                                       ragged,attnwl,pdl,sampling,gemm,gaps,hostprefill,ablate,bench,bench8b,moe,hf,tp (tp: two GPUs) or all
 # Results land in $OUT (if set) as gpu_tests.log, profile_*.txt and bench.jsonl.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +40,7 @@ fi
 has backend && timeout 120 python3 -m pytest -q -p no:cacheprovider tests/unit/test_triton_backend_interpret.py 2>&1 | tail -3
 has ragged && timeout 150 python3 scripts/sweep_decode_attention.py --ragged 2>&1 | tee "$OUT/ragged.txt"
 has sweep && timeout 300 python3 scripts/sweep_decode_attention.py 2>&1 | tee "$OUT/sweep.txt"
+has attnwl && timeout 200 python3 scripts/sweep_decode_attention.py --workload 2>&1 | tee "$OUT/attnwl.txt"
 has prefill && timeout 150 python3 scripts/profile_gpu_prefill.py 16 512 2>&1 | grep -v INFO | tee "$OUT/prefill.txt" | head -40
 has pdl && timeout 60 python3 scripts/probe_pdl.py 2>&1 | tee "$OUT/pdl.txt"
 has sampling && timeout 120 python3 scripts/sweep_sampling.py 2>&1 | tee "$OUT/sampling.txt"

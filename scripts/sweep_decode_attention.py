@@ -5,7 +5,8 @@ pages scattered over a large pool). `python scripts/sweep_decode_attention.py`
 For each (batch, context) it prints the default launch and the best few of the swept ones, in us
 per call and in TB/s of K/V read (graph-replayed, so launch overhead is what a CUDA graph sees).
 `--ragged`: batches of lengths uniform in [100, 2048] (as the offline workload's decode has), one
-split or more, programs in batch order or longest first."""
+split or more, programs in batch order or longest first. `--workload`: the offline workload's own
+decode batches at a few steps, default launch against a sweep."""
 
 from __future__ import annotations
 
@@ -56,6 +57,34 @@ def ragged(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
             print(f"{bs:>4} {sum(lens):>7} {splits:>6} {name:>8} {us:>8.1f} {nbytes / us / 1e6:>6.2f}")
 
 
+def workload(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
+    """The offline workload's own decode batches (the issue's command, seed 0) at a few steps: the
+    default launch against the swept ones, programs longest first."""
+    from minisgl.bench.offline import build_parser, make_workload
+
+    args = build_parser().parse_args("--model configs/qwen3-0.6b --num-seqs 256 --min-input 100 --max-input 1024 "
+                                     "--min-output 100 --max-output 1024 --seed 0".split())  # fmt: skip
+    prompts, outputs = make_workload(args)
+    print(f"{'step':>4} {'bs':>4} {'tokens':>7} {'splits':>6} {'blk':>4} {'w':>2} {'st':>2} {'us':>8} {'TB/s':>6}")
+    for step in (50, 200, 390, 600, 800, 950):
+        lens = [len(p) + step + 1 for p, n in zip(prompts, outputs) if n > step]
+        bs = len(lens)
+        table, rows, seq_lens, q, out, nbytes = make_batch(lens, num_pages, k.device)
+        order = torch.tensor(sorted(range(bs), key=lens.__getitem__, reverse=True), device=k.device, dtype=torch.int32)
+        default_splits = decode_num_splits(bs, HKV, D, None, k.device)
+        results = []
+        for splits, blk, warps, stages in itertools.product(
+            sorted({default_splits, max(1, default_splits // 2), default_splits * 2}), (32, 64), (2, 4), (2, 3, 4)
+        ):
+            us = bench(lambda: decode_attention(q, k, v, table, rows, seq_lens, 0.088, num_splits=splits, out=out,
+                                                order=order, block_n=blk, num_warps=warps, num_stages=stages))  # fmt: skip
+            results.append((us, splits, blk, warps, stages))
+        default = next(r for r in results if r[1:] == (default_splits, 64, 2, 3))
+        for tag, (us, splits, blk, warps, stages) in [("default", default)] + [("", r) for r in sorted(results)[:3]]:
+            print(f"{step:>4} {bs:>4} {sum(lens):>7} {splits:>6} {blk:>4} {warps:>2} {stages:>2} {us:>8.1f} "
+                  f"{nbytes / us / 1e6:>6.2f} {tag}")  # fmt: skip
+
+
 def main() -> None:
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -64,6 +93,9 @@ def main() -> None:
     v = torch.randn_like(k)
     if "--ragged" in sys.argv:
         ragged(k, v, num_pages)
+        return
+    if "--workload" in sys.argv:
+        workload(k, v, num_pages)
         return
     print(f"{'bs':>4} {'ctx':>5} {'splits':>6} {'blk':>4} {'w':>2} {'st':>2} {'us':>8} {'TB/s':>6}")
     for bs, ctx in SHAPES:
