@@ -438,7 +438,7 @@ def decode_attention(
     order: torch.Tensor | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
-    num_stages: int = 3,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """One query token per request, q [B, Hq, D], attending to all `seq_lens[b]` cached positions.
 
@@ -478,10 +478,13 @@ def decode_attention(
         BLOCK_N=block_n,
         PRECISION=_precision(q.dtype),
         HAS_ORDER=order is not None,
-        # H200 sweep: 2 warps / 3 stages best or tied from batch 1 to 256 (4 warps up to 10%
+        # H200 sweep of uniform lengths: 2 warps best or tied from batch 1 to 256 (4 warps up to 10%
         # slower at D 64, 8 warps up to 60% slower); wider heads get 4 to keep tiles in registers.
         num_warps=num_warps or (2 if head_dim <= 128 else 4),
-        num_stages=num_stages,
+        # H200, the offline workload's own decode batches (`sweep_decode_attention.py --workload`):
+        # at one split, 2 stages (64 KB of shared memory, 3 programs per SM instead of 2) read
+        # 4.2 TB/s where 3 stages read 4.0 (155-218 requests); with several splits 3 stages tie.
+        num_stages=num_stages or (2 if num_splits == 1 else 3),
         **pdl_args(q.device),
     )  # fmt: skip
     if num_splits == 1:
