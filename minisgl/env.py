@@ -32,6 +32,7 @@ class Env:
     cpu_kernels: bool
     cpu_attn_kernel: bool
     default_dtype: str | None
+    fold_norms: bool
 
     @staticmethod
     def read() -> "Env":
@@ -54,6 +55,9 @@ class Env:
             cpu_attn_kernel=_bool("MINISGL_CPU_ATTN_KERNEL", True),
             # What `--dtype auto` means, overriding the platform's choice (e.g. float32 on CPU).
             default_dtype=os.environ.get("MINISGL_DEFAULT_DTYPE") or None,
+            # Fold the RMSNorm weights into the qkv/gate_up projections where the Triton kernels
+            # finish the norms (models/llama.py: DecoderLayer.forward_folded); 0: off.
+            fold_norms=_bool("MINISGL_FOLD_NORMS", True),
         )
 
 

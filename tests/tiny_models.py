@@ -11,7 +11,8 @@ ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 
 def make_tiny_model(arch: str, path: Path, seed: int = 0) -> torch.nn.Module:
     """Build, save and return an HF model in fp32. Weights use a larger init than HF's default so
-    greedy decoding does not collapse into repeating one token."""
+    greedy decoding does not collapse into repeating one token; the RMSNorm weights are random
+    around one (HF's init is all ones, under which a norm weight applied wrongly goes unseen)."""
     import transformers as tf
 
     common = dict(
@@ -46,6 +47,10 @@ def make_tiny_model(arch: str, path: Path, seed: int = 0) -> torch.nn.Module:
         raise ValueError(arch)
     torch.manual_seed(seed)
     model = cls(config).eval()
+    with torch.no_grad():  # HF starts RMSNorm weights at one: make them matter (folded norms)
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.normal_(1.0, 0.2)
     if arch == "qwen2":  # make the q/k/v biases matter
         with torch.no_grad():
             for layer in model.model.layers:

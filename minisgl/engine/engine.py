@@ -196,6 +196,10 @@ class Engine:
         for module in self.model.modules():
             if hasattr(module, "backend") and hasattr(module, "layer_id"):
                 module.backend = self.attn_backend
+        # Fewer kernels per layer where the Triton kernels finish the RMSNorms (models/llama.py).
+        fold = getattr(self.model, "fold_norms", None)
+        if ENV.fold_norms and attn_name == "triton" and fold is not None and fold():
+            logger.info("RMSNorm weights folded into the qkv and gate_up projections")
         self.sampler = Sampler(fused=resolve_impl("auto", self.device) == "triton", seed=config.seed)
         self.penalties = PenaltyTracker(self.model_config.vocab_size, self.device)
         # Reused host staging and events (allocating pinned memory or CUDA events per step costs

@@ -20,10 +20,15 @@ _BLOCK = 1024
 def _silu_and_mul_kernel(
     x_ptr,
     out_ptr,
+    h_ptr,
     stride_xt,
     stride_ot,
+    stride_ht,
+    h_eps,
     N: tl.constexpr,
     BLOCK: tl.constexpr,
+    HIDDEN: tl.constexpr,
+    BLOCK_HIDDEN: tl.constexpr,
     PDL: tl.constexpr,
 ):
     if PDL:
@@ -34,12 +39,22 @@ def _silu_and_mul_kernel(
     dtype = out_ptr.dtype.element_ty
     gate = tl.load(x_ptr + token * stride_xt + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + token * stride_xt + N + cols, mask=mask, other=0.0).to(tl.float32)
+    if HIDDEN > 0:  # projected from the un-normalised row h: apply its RMSNorm scale (and round)
+        h_cols = tl.arange(0, BLOCK_HIDDEN)
+        h = tl.load(h_ptr + token * stride_ht + h_cols, mask=h_cols < HIDDEN, other=0.0).to(tl.float32)
+        row_scale = tl.math.rsqrt(tl.sum(h * h, axis=0) / HIDDEN + h_eps)
+        gate = (gate * row_scale).to(dtype).to(tl.float32)
+        up = (up * row_scale).to(dtype).to(tl.float32)
     silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
     tl.store(out_ptr + token * stride_ot + cols, (silu * up).to(dtype), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """x = [gate | up] along the last dim (unit stride) -> silu(gate) * up, a new contiguous tensor."""
+def silu_and_mul(x: torch.Tensor, row_norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+    """x = [gate | up] along the last dim (unit stride) -> silu(gate) * up, a new contiguous tensor.
+
+    `row_norm` = (hidden [T, H], eps): x was projected from the un-normalised `hidden` with the
+    RMSNorm weight folded into the projection; each row of x is first scaled by 1 / rms(hidden)
+    (and rounded to x's dtype), which completes that norm."""
     n = x.shape[-1] // 2
     assert x.shape[-1] == 2 * n and x.stride(-1) == 1
     out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
@@ -48,7 +63,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if x2.shape[0] == 0 or n == 0:
         return out
     block = min(_BLOCK, triton.next_power_of_2(n))
+    hidden, eps = row_norm if row_norm is not None else (x2, 0.0)
+    if row_norm is not None:
+        assert hidden.dim() == 2 and hidden.shape[0] == x2.shape[0] and hidden.stride(1) == 1
     _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](
-        x2, out2, x2.stride(0), out2.stride(0), N=n, BLOCK=block, num_warps=max(1, min(4, block // 256)), **pdl_args(x.device)
-    )
+        x2, out2, hidden, x2.stride(0), out2.stride(0), hidden.stride(0), eps, N=n, BLOCK=block,
+        HIDDEN=hidden.shape[1] if row_norm is not None else 0,
+        BLOCK_HIDDEN=triton.next_power_of_2(hidden.shape[1]) if row_norm is not None else 1,
+        num_warps=max(1, min(4, block // 256)), **pdl_args(x.device),
+    )  # fmt: skip
     return out

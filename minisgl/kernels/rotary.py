@@ -41,10 +41,12 @@ def _rope_heads(
     cos,
     sin,
     eps,
+    row_scale,
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    SCALED: tl.constexpr,
 ):
     heads = head_start + tl.arange(0, BLOCK_H)
     dims = tl.arange(0, BLOCK_HALF)
@@ -53,8 +55,11 @@ def _rope_heads(
     x1 = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(x_ptr + x_offs + HALF, mask=mask, other=0.0).to(tl.float32)
     dtype = out_ptr.dtype.element_ty
+    in_dtype = x_ptr.dtype.element_ty
+    if SCALED:  # the projection ran on the un-normalised hidden row: apply its RMSNorm scale now
+        x1 = (x1 * row_scale).to(in_dtype).to(tl.float32)
+        x2 = (x2 * row_scale).to(in_dtype).to(tl.float32)
     if HAS_NORM:
-        in_dtype = x_ptr.dtype.element_ty
         mean_sq = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF)
         rstd = tl.math.rsqrt(mean_sq + eps)[:, None]
         w1 = tl.load(w_ptr + dims, mask=dims < HALF, other=0.0).to(tl.float32)[None, :]
@@ -100,11 +105,16 @@ def _rotary_kernel(
     stride_voh,
     q_eps,
     k_eps,
+    h_ptr,
+    stride_ht,
+    h_eps,
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     HAS_NORM: tl.constexpr,
     STORE_KV: tl.constexpr,
+    HIDDEN: tl.constexpr,
+    BLOCK_HIDDEN: tl.constexpr,
     PDL: tl.constexpr,
 ):
     if PDL:
@@ -122,18 +132,25 @@ def _rotary_kernel(
     # With STORE_KV, k (rotated) and v go straight to their cache slot: row `loc[token]` of the
     # k/v outputs, which are then the layer's KV pool (the separate store kernel is saved).
     kv_row = tl.load(loc_ptr + token).to(tl.int64) if STORE_KV else token
+    # HIDDEN > 0: q, k and v were projected from the un-normalised hidden row h (the input RMSNorm
+    # weight folded into the projection), so they take the norm's 1 / rms(h) here (`row_scale`).
+    row_scale = 1.0
+    if HIDDEN > 0:
+        cols = tl.arange(0, BLOCK_HIDDEN)
+        h = tl.load(h_ptr + token * stride_ht + cols, mask=cols < HIDDEN, other=0.0).to(tl.float32)
+        row_scale = tl.math.rsqrt(tl.sum(h * h, axis=0) / HIDDEN + h_eps)
     # Axis 1 covers q's head blocks, then k's, then (STORE_KV) v's: one launch for all.
     if block < num_q_blocks:
         _rope_heads(
             q_ptr, q_out_ptr, qw_ptr, token, token, block * BLOCK_H, num_q_heads,
-            stride_qt, stride_qh, stride_qot, stride_qoh, cos, sin, q_eps,
-            HALF, BLOCK_H, BLOCK_HALF, HAS_NORM,
+            stride_qt, stride_qh, stride_qot, stride_qoh, cos, sin, q_eps, row_scale,
+            HALF, BLOCK_H, BLOCK_HALF, HAS_NORM, HIDDEN > 0,
         )  # fmt: skip
     elif block < num_q_blocks + num_k_blocks:
         _rope_heads(
             k_ptr, k_out_ptr, kw_ptr, token, kv_row, (block - num_q_blocks) * BLOCK_H, num_k_heads,
-            stride_kt, stride_kh, stride_kot, stride_koh, cos, sin, k_eps,
-            HALF, BLOCK_H, BLOCK_HALF, HAS_NORM,
+            stride_kt, stride_kh, stride_kot, stride_koh, cos, sin, k_eps, row_scale,
+            HALF, BLOCK_H, BLOCK_HALF, HAS_NORM, HIDDEN > 0,
         )  # fmt: skip
     else:
         heads = (block - num_q_blocks - num_k_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -141,6 +158,8 @@ def _rotary_kernel(
         mask = (heads < num_k_heads)[:, None] & (full < 2 * HALF)[None, :]
         heads = heads.to(tl.int64)[:, None]
         v = tl.load(v_ptr + token * stride_vt + heads * stride_vh + full[None, :], mask=mask)
+        if HIDDEN > 0:
+            v = v.to(tl.float32) * row_scale
         v_dst = v_out_ptr + kv_row * stride_vot + heads * stride_voh + full[None, :]
         tl.store(v_dst, v.to(v_out_ptr.dtype.element_ty), mask=mask)
 
@@ -154,9 +173,11 @@ def _launch(
     norm: tuple[torch.Tensor, torch.Tensor, float, float] | None,
     inplace: bool,
     store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    row_norm: tuple[torch.Tensor, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch for all entry points -> (q out, k out); `store` = (v, k_cache, v_cache, out_loc)
-    sends k and v to the cache, which is then the k out."""
+    sends k and v to the cache, which is then the k out; `row_norm` = (hidden [T, H], eps) scales
+    q, k and v by each token's 1 / rms(hidden) first."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_k_heads = k.shape[1]
     half = head_dim // 2
@@ -189,13 +210,19 @@ def _launch(
     grid = (num_tokens, triton.cdiv(num_q_heads, block_h) + k_blocks * (2 if store is not None else 1))
     # Without a norm the weight pointers are never read; q stands in for them.
     q_weight, k_weight, q_eps, k_eps = norm if norm is not None else (q, q, 0.0, 0.0)
+    hidden, h_eps = row_norm if row_norm is not None else (q, 0.0)
+    if row_norm is not None:
+        assert hidden.dim() == 2 and hidden.shape[0] == num_tokens and hidden.stride(1) == 1
     _rotary_kernel[grid](
         q, k, q_out, k_out, q_weight, k_weight, positions, cos, sin, v, v_out, loc,
         num_q_heads, num_k_heads,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
         cos.stride(0), v.stride(0), v.stride(1), v_out.stride(0), v_out.stride(1), q_eps, k_eps,
+        hidden, hidden.stride(0), h_eps,
         HALF=half, BLOCK_H=block_h, BLOCK_HALF=block_half, HAS_NORM=norm is not None, STORE_KV=store is not None,
+        HIDDEN=hidden.shape[1] if row_norm is not None else 0,
+        BLOCK_HIDDEN=triton.next_power_of_2(hidden.shape[1]) if row_norm is not None else 1,
         num_warps=max(1, min(4, block_h * block_half // 128)),
         **pdl_args(q.device),
     )  # fmt: skip
@@ -243,8 +270,13 @@ def rotary_store_kv(
     v_cache: torch.Tensor,
     out_loc: torch.Tensor,
     norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None,
+    row_norm: tuple[torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
     """`rotary` / `qk_norm_rotary` (with `norm` = (q_weight, k_weight, q_eps, k_eps)) whose k, and
     v unchanged, are written to slots `out_loc` [T] of the layer caches [slots, Hk, D] in the same
-    launch, which replaces `store_kv`. Returns the rotated q."""
-    return _launch(positions, q, k, cos, sin, norm, False, (v, k_cache, v_cache, out_loc))[0]
+    launch, which replaces `store_kv`. Returns the rotated q.
+
+    `row_norm` = (hidden [T, H], eps): q, k and v were projected from the un-normalised `hidden`
+    with the input RMSNorm's weight folded into the projection; each token's are first scaled by
+    1 / rms(hidden) (and rounded to their dtype), which completes that norm."""
+    return _launch(positions, q, k, cos, sin, norm, False, (v, k_cache, v_cache, out_loc), row_norm)[0]

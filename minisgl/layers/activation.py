@@ -5,7 +5,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from minisgl.kernels.activation_ref import silu_and_mul_ref
+from minisgl.kernels.activation_ref import silu_and_mul_ref, silu_and_mul_row_norm_ref
 from minisgl.kernels.impl import KernelImpl, resolve_impl
 
 
@@ -25,15 +25,21 @@ class SiluAndMul(nn.Module):
         super().__init__()
         self.impl = resolve_impl(impl, device if device is not None else torch.get_default_device())
         self._fn: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul_ref
+        self._row_norm_fn: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] = silu_and_mul_row_norm_ref
         if self.impl == "triton":
             # Imported here so the CPU path never imports triton.
             from minisgl.kernels.activation import silu_and_mul as silu_and_mul_triton
 
             self._fn = silu_and_mul_triton
+            self._row_norm_fn = lambda x, hidden, eps: silu_and_mul_triton(x, (hidden, eps))
         elif self.impl == "cpu":
             from minisgl.kernels import cpu_ops
 
             self._fn = cpu_ops.silu_and_mul
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._fn(x)
+    def forward(self, x: torch.Tensor, row_norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+        """silu(gate) * up; with `row_norm` = (hidden, eps), of x scaled row-wise by 1 / rms(hidden)
+        first (x was projected from the un-normalised hidden, the norm weight folded in)."""
+        if row_norm is None:
+            return self._fn(x)
+        return self._row_norm_fn(x, *row_norm)

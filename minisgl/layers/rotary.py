@@ -101,11 +101,14 @@ class RotaryEmbedding(nn.Module):
         v: torch.Tensor,
         store: KVStore,
         norms: tuple[RMSNorm, RMSNorm] | None = None,
+        row_norm: tuple[torch.Tensor, float] | None = None,
     ) -> torch.Tensor:
         """`forward` (or `forward_qk_norm` with `norms`) that writes the rotated k, and v, into the
-        layer cache slots of `store` in the same launch (no separate KV store); returns q."""
+        layer cache slots of `store` in the same launch (no separate KV store); returns q.
+        `row_norm` = (hidden, eps): q, k, v came from the un-normalised hidden rows (see
+        `kernels.rotary.rotary_store_kv`)."""
         assert self._rotary_store_kv is not None, "only the Triton implementation stores k/v (see stores_kv)"
         eps = (norms[0].weight, norms[1].weight, norms[0].eps, norms[1].eps) if norms is not None else None
         return self._rotary_store_kv(
-            positions, q, k, v, self.cos, self.sin, store.k_cache, store.v_cache, store.out_loc, eps
+            positions, q, k, v, self.cos, self.sin, store.k_cache, store.v_cache, store.out_loc, eps, row_norm
         )

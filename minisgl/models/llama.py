@@ -36,6 +36,14 @@ class SelfAttention(nn.Module):
         self.attn = AttentionLayer(layer_id, self.num_heads, self.num_kv_heads, config.head_dim)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(self.attend(positions, hidden))
+
+    def attend(
+        self, positions: torch.Tensor, hidden: torch.Tensor, row_norm: tuple[torch.Tensor, float] | None = None
+    ) -> torch.Tensor:
+        """Attention output before o_proj: [T, Hq * D]. `row_norm` = (hidden rows, eps): `hidden`
+        is the un-normalised residual stream and qkv_proj has the input norm's weight folded in
+        (`DecoderLayer.fold_norms`); the rotary kernel applies the norm's 1 / rms."""
         qkv = self.qkv_proj(hidden)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
@@ -45,12 +53,13 @@ class SelfAttention(nn.Module):
         norms = (self.q_norm, self.k_norm) if self.q_norm is not None and self.k_norm is not None else None
         store = self.attn.kv_store() if self.rotary.stores_kv else None
         if store is not None:  # one kernel for the q/k norms, rotary and the KV store
-            return self.o_proj(self.attn(self.rotary.forward_store(positions, q, k, v, store, norms)))
+            return self.attn(self.rotary.forward_store(positions, q, k, v, store, norms, row_norm))
+        assert row_norm is None, "folded norms need the rotary kernel that stores k/v (Triton backend)"
         if norms is not None:
             q, k = self.rotary.forward_qk_norm(positions, q, k, *norms)
         else:
             q, k = self.rotary(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+        return self.attn(q, k, v)
 
 
 class MLP(nn.Module):
@@ -72,6 +81,36 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
+    def can_fold_norms(self) -> bool:
+        """Whether `fold_norms` applies: a dense MLP, no projection biases, and the Triton kernels
+        that finish the norms (rotary storing k/v, SiLU)."""
+        attn, mlp = self.self_attn, self.mlp
+        return (
+            isinstance(mlp, MLP)
+            and all(p.bias is None for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+            and attn.rotary.stores_kv
+            and mlp.act.impl == "triton"
+        )
+
+    @torch.no_grad()
+    def fold_norms(self) -> None:
+        """Fold the two RMSNorm weights into the projections they feed (qkv, gate_up: each input
+        column times its norm weight), for `forward_folded`. Irreversible: the plain `forward`
+        must not run afterwards."""
+        for proj, norm in ((self.self_attn.qkv_proj, self.input_layernorm), (self.mlp.gate_up_proj, self.post_attention_layernorm)):
+            weight = proj.weight
+            weight.copy_((weight.float() * norm.weight.float()).to(weight.dtype))
+
+    def forward_folded(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The layer on the residual stream `hidden` [T, H] after `fold_norms`; returns the next
+        residual stream. No norm kernels: the projections take the un-normalised rows and the
+        kernels after them (rotary, SiLU) apply each row's 1 / rms; o_proj and down_proj add
+        their output to the residual in the GEMM itself (addmm). 7 kernels a layer instead of 9."""
+        attn = self.self_attn.attend(positions, hidden, row_norm=(hidden, self.input_layernorm.eps))
+        hidden = torch.addmm(hidden, attn, self.self_attn.o_proj.weight.t())
+        act = self.mlp.act(self.mlp.gate_up_proj(hidden), row_norm=(hidden, self.post_attention_layernorm.eps))
+        return torch.addmm(hidden, act, self.mlp.down_proj.weight.t())
+
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,9 +130,14 @@ class DecoderModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norms_folded = False  # set by LlamaForCausalLM.fold_norms
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
+        if self.norms_folded:
+            for layer in self.layers:
+                hidden = layer.forward_folded(positions, hidden)
+            return self.norm(hidden)
         residual: torch.Tensor | None = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual)
@@ -126,6 +170,19 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states of every input token: [T, hidden]."""
         return self.model(input_ids, positions)
+
+    def fold_norms(self) -> bool:
+        """Fold every layer's RMSNorm weights into its projections and run `forward_folded` from
+        now on, when every layer allows it (`DecoderLayer.can_fold_norms`; one rank: o_proj and
+        down_proj add the residual themselves, which a TP all-reduce would repeat). Returns
+        whether it did."""
+        layers = list(self.model.layers)
+        if self.tp.size != 1 or not all(isinstance(layer, DecoderLayer) and layer.can_fold_norms() for layer in layers):
+            return False
+        for layer in layers:
+            layer.fold_norms()
+        self.model.norms_folded = True
+        return True
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.logits(hidden)

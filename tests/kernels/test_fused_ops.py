@@ -21,7 +21,7 @@ if importlib.util.find_spec("triton") is None:
 # Without CUDA, tests/conftest.py has put triton in interpreter mode before this import.
 
 from minisgl.kernels.activation import silu_and_mul  # noqa: E402
-from minisgl.kernels.activation_ref import silu_and_mul_ref  # noqa: E402
+from minisgl.kernels.activation_ref import rms_scale_ref, silu_and_mul_ref, silu_and_mul_row_norm_ref  # noqa: E402
 from minisgl.kernels.impl import KernelImpl  # noqa: E402
 from minisgl.kernels.norm import _rms_norm_kernel, fused_add_rms_norm, rms_norm  # noqa: E402
 from minisgl.kernels.norm_ref import fused_add_rms_norm_ref, rms_norm_ref  # noqa: E402
@@ -188,6 +188,17 @@ def _check_rotary(
     untouched = torch.ones(slots, dtype=torch.bool, device=DEVICE)
     untouched[out_loc] = False
     assert torch.equal(k_cache[untouched], k_before[untouched]) and torch.equal(v_cache[untouched], v_cache_before[untouched])
+    # With `row_norm`: q, k and v were projected from un-normalised hidden rows (the input norm's
+    # weight folded into the projection) and first take each row's 1 / rms (rounded to dtype).
+    hidden = (3 * torch.randn(tokens, 40, device=DEVICE)).to(dtype)  # 40: a masked tail
+    scale = rms_scale_ref(hidden, 1e-6)[:, :, None]
+    q_s, k_s, v_s = ((t.float() * scale).to(dtype) for t in (q, k, v))
+    q_ref_s, k_ref_s = reference(positions, q_s, k_s, cos, sin, *args)
+    q_out = rotary_store_kv(positions, q, k, v, cos, sin, k_cache, v_cache, out_loc, norm_args, (hidden, 1e-6))  # type: ignore[arg-type]
+    scaled_mismatch = max(max_mismatch, 0.05)  # 1 / rms summed in another order: rare one-ulp flips
+    _close(q_out, q_ref_s, scaled_mismatch)
+    _close(k_cache[out_loc], k_ref_s, scaled_mismatch)
+    _close(v_cache[out_loc], v_s, scaled_mismatch)
     v_before = v.clone()
     q_out, k_out = fused(positions, q, k, cos, sin, *args, inplace=True)
     assert q_out is q and k_out is k and torch.equal(v, v_before)
@@ -211,6 +222,9 @@ def test_silu_and_mul(tokens: int, inter: int, dtype: torch.dtype) -> None:
     # exp differs in the last fp32 bit between implementations: a rare fp16 rounding flip.
     _close(silu_and_mul(x), silu_and_mul_ref(x), max_mismatch=0.01)
     _close(silu_and_mul(x.view(1, tokens, 2 * inter)), silu_and_mul_ref(x.view(1, tokens, 2 * inter)), 0.01)
+    # With `row_norm`: x projected from un-normalised rows takes each row's 1 / rms first.
+    hidden = (3 * torch.randn(tokens, 40, device=DEVICE)).to(dtype)
+    _close(silu_and_mul(x, (hidden, 1e-5)), silu_and_mul_row_norm_ref(x, hidden, 1e-5), max_mismatch=0.05)
 
 
 def test_empty_batch() -> None:
