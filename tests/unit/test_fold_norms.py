@@ -22,18 +22,22 @@ from tests.tiny_models import make_tiny_model
 pytestmark = pytest.mark.skipif(not triton_installed(), reason="needs triton (interpreted on CPU)")
 
 
+def _force_layer_impl(monkeypatch: pytest.MonkeyPatch, impl: str) -> None:
+    for module in (norm, activation, rotary):
+        monkeypatch.setattr(module, "resolve_impl", lambda _impl, _device: impl)
+
+
 @pytest.fixture
 def triton_layers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Layers built from here on take the Triton kernels, as on CUDA (the interpreter on CPU)."""
-    for module in (norm, activation, rotary):
-        monkeypatch.setattr(module, "resolve_impl", lambda impl, device: "triton")
+    _force_layer_impl(monkeypatch, "triton")
 
 
 def _engine(path: str, fold: bool, monkeypatch: pytest.MonkeyPatch) -> Engine:
     monkeypatch.setattr(engine_module, "ENV", dataclasses.replace(engine_module.ENV, fold_norms=fold))
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    return Engine(EngineConfig(model=path, device=device, attn="triton", page_size=4, num_pages=256,
-                               max_running_requests=4, cuda_graph_max_bs=0))  # fmt: skip
+    return Engine(EngineConfig(model=path, device=device, dtype="float32", attn="triton", page_size=4,
+                               num_pages=256, max_running_requests=4, cuda_graph_max_bs=0))  # fmt: skip
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])  # with and without Qwen3's q/k norms
@@ -51,12 +55,14 @@ def test_folded_norms_equal_unfolded(arch: str, tmp_path, triton_layers, monkeyp
         assert torch.equal(g.argmax(-1), e.argmax(-1))
 
 
-def test_not_folded_with_biases_or_torch_kernels(tmp_path, monkeypatch) -> None:
-    """Qwen2's qkv bias would take the row scale too; the torch kernels cannot apply it."""
-    make_tiny_model("qwen3", tmp_path / "qwen3")
-    assert not _engine(str(tmp_path / "qwen3"), True, monkeypatch).model.model.norms_folded  # torch kernels on CPU
+def test_not_folded_with_torch_kernels(tmp_path, monkeypatch) -> None:
+    """The torch kernels cannot apply the row scale."""
+    _force_layer_impl(monkeypatch, "torch")
+    make_tiny_model("qwen3", tmp_path)
+    assert not _engine(str(tmp_path), True, monkeypatch).model.model.norms_folded
 
 
 def test_not_folded_with_qkv_bias(tmp_path, triton_layers, monkeypatch) -> None:
+    """Qwen2's qkv bias would take the row scale too."""
     make_tiny_model("qwen2", tmp_path)
     assert not _engine(str(tmp_path), True, monkeypatch).model.model.norms_folded
