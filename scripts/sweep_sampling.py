@@ -8,21 +8,11 @@ from __future__ import annotations
 import itertools
 
 import torch
-import triton
+from sweep_decode_attention import bench  # same directory: the graph-replayed timing, us per call
 
 from minisgl.kernels.sampling import gumbel_sample
 
 VOCAB = 151_936
-
-
-def bench(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(10):
-            fn()
-    return triton.testing.do_bench(graph.replay, warmup=10, rep=40) / 10 * 1e3
 
 
 def main() -> None:
