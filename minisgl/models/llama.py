@@ -97,15 +97,19 @@ class DecoderLayer(nn.Module):
         """Fold the two RMSNorm weights into the projections they feed (qkv, gate_up: each input
         column times its norm weight), for `forward_folded`. Irreversible: the plain `forward`
         must not run afterwards."""
-        for proj, norm in ((self.self_attn.qkv_proj, self.input_layernorm), (self.mlp.gate_up_proj, self.post_attention_layernorm)):
+        for proj, norm in (
+            (self.self_attn.qkv_proj, self.input_layernorm),
+            (self.mlp.gate_up_proj, self.post_attention_layernorm),
+        ):
             weight = proj.weight
             weight.copy_((weight.float() * norm.weight.float()).to(weight.dtype))
 
     def forward_folded(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """The layer on the residual stream `hidden` [T, H] after `fold_norms`; returns the next
-        residual stream, updated in place. No norm kernels: the projections take the un-normalised rows and the
-        kernels after them (rotary, SiLU) apply each row's 1 / rms; o_proj and down_proj add
-        their output to the residual in the GEMM itself (addmm). 7 kernels a layer instead of 9."""
+        residual stream (`hidden`, updated in place). No norm kernels: the projections take the
+        un-normalised rows and the kernels after them (rotary, SiLU) apply each row's 1 / rms;
+        o_proj and down_proj add their output to the residual in the GEMM itself. 7 kernels a
+        layer instead of 9."""
         attn = self.self_attn.attend(positions, hidden, row_norm=(hidden, self.input_layernorm.eps))
         # In place (the GEMM's C is its output): out-of-place addmm first copies `hidden` into a
         # new tensor, one launch per GEMM, which cancelled the saving on the H200.

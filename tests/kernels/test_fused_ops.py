@@ -194,7 +194,9 @@ def _check_rotary(
     scale = rms_scale_ref(hidden, 1e-6)[:, :, None]
     q_s, k_s, v_s = ((t.float() * scale).to(dtype) for t in (q, k, v))
     q_ref_s, k_ref_s = reference(positions, q_s, k_s, cos, sin, *args)
-    q_out = rotary_store_kv(positions, q, k, v, cos, sin, k_cache, v_cache, out_loc, norm_args, (hidden, 1e-6))  # type: ignore[arg-type]
+    q_out = rotary_store_kv(
+        positions, q, k, v, cos, sin, k_cache, v_cache, out_loc, norm_args, (hidden, 1e-6)  # type: ignore[arg-type]
+    )
     scaled_mismatch = max(max_mismatch, 0.05)  # 1 / rms summed in another order: rare one-ulp flips
     _close(q_out, q_ref_s, scaled_mismatch)
     _close(k_cache[out_loc], k_ref_s, scaled_mismatch)

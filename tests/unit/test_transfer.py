@@ -15,7 +15,8 @@ def test_upload_many_values_dtypes_and_alignment() -> None:
     rng = random.Random(0)
     ring = StagingRing(pinned=False)
     for _ in range(20):
-        parts = [[rng.randrange(-(2**40), 2**40) for _ in range(rng.randrange(0, 9))] for _ in range(rng.randrange(1, 8))]
+        sizes = [rng.randrange(0, 9) for _ in range(rng.randrange(1, 8))]
+        parts = [[rng.randrange(-(2**40), 2**40) for _ in range(n)] for n in sizes]
         tail = rng.randrange(0, len(parts) + 1)
         for j in range(len(parts) - tail, len(parts)):  # int32 parts hold int32 values
             parts[j] = [v % 2**31 for v in parts[j]]
