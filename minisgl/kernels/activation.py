@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
+from minisgl.kernels.norm import row_norm_args, row_rms_scale
 from minisgl.kernels.pdl import pdl_args
 
 _BLOCK = 1024
@@ -20,9 +21,9 @@ _BLOCK = 1024
 def _silu_and_mul_kernel(
     x_ptr,
     out_ptr,
-    h_ptr,
     stride_xt,
     stride_ot,
+    h_ptr,
     stride_ht,
     h_eps,
     N: tl.constexpr,
@@ -40,9 +41,7 @@ def _silu_and_mul_kernel(
     gate = tl.load(x_ptr + token * stride_xt + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + token * stride_xt + N + cols, mask=mask, other=0.0).to(tl.float32)
     if HIDDEN > 0:  # projected from the un-normalised row h: apply its RMSNorm scale (and round)
-        h_cols = tl.arange(0, BLOCK_HIDDEN)
-        h = tl.load(h_ptr + token * stride_ht + h_cols, mask=h_cols < HIDDEN, other=0.0).to(tl.float32)
-        row_scale = tl.math.rsqrt(tl.sum(h * h, axis=0) / HIDDEN + h_eps)
+        row_scale = row_rms_scale(h_ptr, token, stride_ht, h_eps, HIDDEN, BLOCK_HIDDEN)
         gate = (gate * row_scale).to(dtype).to(tl.float32)
         up = (up * row_scale).to(dtype).to(tl.float32)
     silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
@@ -63,13 +62,8 @@ def silu_and_mul(x: torch.Tensor, row_norm: tuple[torch.Tensor, float] | None = 
     if x2.shape[0] == 0 or n == 0:
         return out
     block = min(_BLOCK, triton.next_power_of_2(n))
-    hidden, eps = row_norm if row_norm is not None else (x2, 0.0)
-    if row_norm is not None:
-        assert hidden.dim() == 2 and hidden.shape[0] == x2.shape[0] and hidden.stride(1) == 1
     _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](
-        x2, out2, hidden, x2.stride(0), out2.stride(0), hidden.stride(0), eps, N=n, BLOCK=block,
-        HIDDEN=hidden.shape[1] if row_norm is not None else 0,
-        BLOCK_HIDDEN=triton.next_power_of_2(hidden.shape[1]) if row_norm is not None else 1,
+        x2, out2, x2.stride(0), out2.stride(0), N=n, BLOCK=block, **row_norm_args(row_norm, x2.shape[0], x2),
         num_warps=max(1, min(4, block // 256)), **pdl_args(x.device),
     )  # fmt: skip
     return out

@@ -142,3 +142,28 @@ def fused_add_rms_norm(
     new_residual = torch.empty_like(x, memory_format=torch.contiguous_format)
     _launch(x, residual, weight, out, new_residual, eps)
     return out, new_residual
+
+
+# --- Folded norms: kernels after a projection of un-normalised rows apply the norm's scale ---
+
+
+@triton.jit
+def row_rms_scale(h_ptr, row, stride_ht, h_eps, HIDDEN: tl.constexpr, BLOCK_HIDDEN: tl.constexpr):
+    """1 / rms of row `row` of h [T, HIDDEN] (fp32, as the RMSNorm computes it): what a kernel
+    applies to values projected from the un-normalised row with the norm's weight folded into
+    the projection (`models/llama.py: DecoderLayer.forward_folded`)."""
+    cols = tl.arange(0, BLOCK_HIDDEN)
+    h = tl.load(h_ptr + row * stride_ht + cols, mask=cols < HIDDEN, other=0.0).to(tl.float32)
+    return tl.math.rsqrt(tl.sum(h * h, axis=0) / HIDDEN + h_eps)
+
+
+def row_norm_args(row_norm: tuple[torch.Tensor, float] | None, rows: int, placeholder: torch.Tensor) -> dict:
+    """Launch arguments (by name) of a kernel taking `h_ptr, stride_ht, h_eps` and the constexprs
+    `HIDDEN, BLOCK_HIDDEN` for `row_rms_scale`: from `row_norm` = (hidden [rows, H], eps), or
+    HIDDEN = 0 (no scaling; `placeholder`, never read, stands in for the pointer)."""
+    if row_norm is None:
+        return {"h_ptr": placeholder, "stride_ht": 0, "h_eps": 0.0, "HIDDEN": 0, "BLOCK_HIDDEN": 1}
+    hidden, eps = row_norm
+    assert hidden.dim() == 2 and hidden.shape[0] == rows and hidden.stride(1) == 1
+    return {"h_ptr": hidden, "stride_ht": hidden.stride(0), "h_eps": eps, "HIDDEN": hidden.shape[1],
+            "BLOCK_HIDDEN": triton.next_power_of_2(hidden.shape[1])}  # fmt: skip

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
+from minisgl.kernels.norm import row_norm_args, row_rms_scale
 from minisgl.kernels.pdl import pdl_args
 
 # Head-block size in elements: decode (a few tokens) still gets a few programs per token, and
@@ -136,9 +137,7 @@ def _rotary_kernel(
     # weight folded into the projection), so they take the norm's 1 / rms(h) here (`row_scale`).
     row_scale = 1.0
     if HIDDEN > 0:
-        cols = tl.arange(0, BLOCK_HIDDEN)
-        h = tl.load(h_ptr + token * stride_ht + cols, mask=cols < HIDDEN, other=0.0).to(tl.float32)
-        row_scale = tl.math.rsqrt(tl.sum(h * h, axis=0) / HIDDEN + h_eps)
+        row_scale = row_rms_scale(h_ptr, token, stride_ht, h_eps, HIDDEN, BLOCK_HIDDEN)
     # Axis 1 covers q's head blocks, then k's, then (STORE_KV) v's: one launch for all.
     if block < num_q_blocks:
         _rope_heads(
@@ -210,19 +209,14 @@ def _launch(
     grid = (num_tokens, triton.cdiv(num_q_heads, block_h) + k_blocks * (2 if store is not None else 1))
     # Without a norm the weight pointers are never read; q stands in for them.
     q_weight, k_weight, q_eps, k_eps = norm if norm is not None else (q, q, 0.0, 0.0)
-    hidden, h_eps = row_norm if row_norm is not None else (q, 0.0)
-    if row_norm is not None:
-        assert hidden.dim() == 2 and hidden.shape[0] == num_tokens and hidden.stride(1) == 1
     _rotary_kernel[grid](
         q, k, q_out, k_out, q_weight, k_weight, positions, cos, sin, v, v_out, loc,
         num_q_heads, num_k_heads,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
         cos.stride(0), v.stride(0), v.stride(1), v_out.stride(0), v_out.stride(1), q_eps, k_eps,
-        hidden, hidden.stride(0), h_eps,
         HALF=half, BLOCK_H=block_h, BLOCK_HALF=block_half, HAS_NORM=norm is not None, STORE_KV=store is not None,
-        HIDDEN=hidden.shape[1] if row_norm is not None else 0,
-        BLOCK_HIDDEN=triton.next_power_of_2(hidden.shape[1]) if row_norm is not None else 1,
+        **row_norm_args(row_norm, num_tokens, q),
         num_warps=max(1, min(4, block_h * block_half // 128)),
         **pdl_args(q.device),
     )  # fmt: skip
