@@ -310,12 +310,15 @@ class Engine:
                 sampled.append(req)
         assert len(plan.out_loc) == len(input_ids)
         dst, src = [t for t, _ in plan.from_prev], [j for _, j in plan.from_prev]
-        (ids_t, pos_t, table_rows, table_pos, sample_t, dst_t, src_t, targets_t, out_loc, rows_t,
+        # The token-table entries are this step's tokens, then the plan's extra ones: `positions`
+        # is the head of the table positions.
+        (ids_t, table_rows, table_pos, sample_t, dst_t, src_t, targets_t, out_loc, rows_t,
          seq_t, ext_t, starts_t, table_slots) = upload_many(self._staging, self.device, [
-            input_ids, positions, rows_per_token + plan.table_rows, positions + plan.table_pos,
+            input_ids, rows_per_token + plan.table_rows, positions + plan.table_pos,
             sample_idx + prompt_idx, dst, src, prompt_targets, plan.out_loc, rows,
             seq_lens, ext_lens, starts, plan.out_loc + plan.table_slots,
         ], int32_tail=4)  # fmt: skip
+        pos_t = table_pos[: len(positions)]
         if dst:
             # Tokens sampled by the step still in flight: read them on the device.
             assert prev is not None

@@ -64,7 +64,9 @@ class GraphRunner:
         self.sizes = graph_batch_sizes(max_bs)
         self.scratch_row = scratch_row
         self.scratch_slot = scratch_slot
-        # Padding entries: row `scratch_row` maps position 0 to the scratch slot.
+        # Row `scratch_row` belongs to no request: the static rows start there, and its first slot
+        # is the scratch slot (what the backend's start-up warm-up reads). Padding entries of a
+        # replay keep whatever row they last held; their seq_len 0 reads none of it.
         token_table[scratch_row, 0] = scratch_slot
         long = dict(dtype=torch.int64, device=device)
         self.input_ids = torch.zeros(max_bs, **long)  # type: ignore[arg-type]

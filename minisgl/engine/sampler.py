@@ -141,8 +141,10 @@ class SamplingBatch:
         temperature = upload([p.temperature if not p.greedy else 1.0 for p in params], f32, device)
         any_greedy = any(p.greedy for p in params)
         # Read only when some row is greedy (one upload less per step otherwise).
-        no_rows = torch.empty(0, dtype=torch.bool, device=device)
-        greedy = upload([p.greedy for p in params], torch.bool, device) if any_greedy else no_rows
+        if any_greedy:
+            greedy = upload([p.greedy for p in params], torch.bool, device)
+        else:
+            greedy = torch.empty(0, dtype=torch.bool, device=device)
         top_k = None
         if any(p.top_k is not None for p in params):
             top_k = upload([min(p.top_k or vocab, vocab) for p in params], i64, device)
