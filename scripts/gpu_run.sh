@@ -2,7 +2,7 @@
 # One call on the GPU machine: install the carried wheels, run the GPU tests, run the benchmarks,
 # print a table last. Usage (through the device tool, with carry [".whl"]):
 #   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,host,check,backend,profile,prefill,workload,sweep,main,
-#                                       ragged,attnwl,pdl,sampling,gemm,gaps,hostprefill,ablate,bench,bench8b,moe,hf,tp (tp: two GPUs) or all
+#                                       ragged,attnwl,pdl,sampling,gemm,splitk,gemmab,gaps,hostprefill,ablate,bench,bench8b,moe,hf,tp (tp: two GPUs) or all
 # Results land in $OUT (if set) as gpu_tests.log, profile_*.txt and bench.jsonl.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +44,7 @@ has attnwl && timeout 200 python3 scripts/sweep_decode_attention.py --workload 2
 has prefill && timeout 150 python3 scripts/profile_gpu_prefill.py 16 512 2>&1 | grep -v INFO | tee "$OUT/prefill.txt" | head -40
 has pdl && timeout 60 python3 scripts/probe_pdl.py 2>&1 | tee "$OUT/pdl.txt"
 has sampling && timeout 120 python3 scripts/sweep_sampling.py 2>&1 | tee "$OUT/sampling.txt"
+has splitk && timeout 300 python3 scripts/sweep_splitk.py --jobs 12 ${SPLITK_ARGS:-} 2>&1 | tee "$OUT/splitk.txt" | tail -60
 has gemm && timeout 240 python3 scripts/sweep_gemm.py ${GEMM_ARGS:-} 2>&1 | tee "$OUT/gemm.txt" | tail -40
 has gaps && timeout 150 python3 scripts/trace_gaps.py configs/qwen3-0.6b 2>&1 | grep -v INFO | tee "$OUT/gaps.txt"
 has hostprefill && timeout 150 python3 scripts/profile_prefill_host.py 2>&1 | grep -v INFO | tee "$OUT/hostprefill.txt" | head -45
@@ -66,6 +67,12 @@ if has bench; then
     bench qwen3-0.6b-nograph 90 $W --cuda-graph-max-bs 0
 fi
 has main && bench qwen3-0.6b 110 $W  # the headline run alone
+if has gemmab; then  # the split-K Triton GEMM (kernels/gemm.py): off / residual GEMMs / all, and cuBLASLt
+    MINISGL_TRITON_GEMM=0 bench qwen3-0.6b-cublas 110 $W
+    MINISGL_TRITON_GEMM=residual bench qwen3-0.6b-tgemm-res 110 $W
+    MINISGL_TRITON_GEMM=all bench qwen3-0.6b-tgemm-all 110 $W
+    MINISGL_TRITON_GEMM=0 TORCH_BLAS_PREFER_CUBLASLT=1 bench qwen3-0.6b-cublaslt 110 $W
+fi
 if has ablate; then  # switches under study, each against the headline run of the same call
     MINISGL_PDL=0 bench qwen3-0.6b-nopdl 110 $W
     bench qwen3-0.6b-prefill8k 110 $W --max-prefill-tokens 8192

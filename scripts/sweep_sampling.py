@@ -1,7 +1,8 @@
 """Launch sweep of the fused sampling kernel (`kernels/sampling.py`) on the offline workload's
 shape: R rows of Qwen3's 151,936-entry vocabulary, bf16 logits, temperature 0.6.
 `python scripts/sweep_sampling.py` prints us per call (CUDA-graph replayed) for the default and
-the swept (split, block, warps)."""
+the swept (split, block, warps), and the default with libdevice's exact log2 instead of the
+hardware's approximate one."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def main() -> None:
     for rows in (256, 170, 64, 16):
         logits = torch.randn(rows, VOCAB, device=dev).bfloat16()
         temperature = torch.full((rows,), 0.6, device=dev)
+        exact = bench(lambda: gumbel_sample(logits, temperature, 7, fast_log=False))
+        print(f"{rows:>5} {8192:>6} {1024:>6} {4:>5} {exact:>8.1f} {logits.numel() * 2 / exact / 1e3:>7.0f} exact log2")
         results = []
         for split, block, warps in itertools.product((4096, 8192, 16384, 32768), (512, 1024, 2048, 4096), (4, 8)):
             if block > split:

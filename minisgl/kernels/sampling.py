@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_wait, libdevice
 
 from minisgl.kernels.pdl import pdl_args
 
@@ -44,6 +44,7 @@ def _gumbel_argmax_kernel(
     seed,
     SPLIT: tl.constexpr,
     BLOCK: tl.constexpr,
+    FAST_LOG: tl.constexpr,
     PDL: tl.constexpr,
 ):
     if PDL:
@@ -70,8 +71,14 @@ def _gumbel_argmax_kernel(
             h ^= h >> 16
             u = (h >> 8).to(tl.float32) * (1.0 / 16777216.0) + (0.5 / 16777216.0)  # in (0, 1)
             # Scores in log2 units: log2(e) * (x / T + Gumbel) = x * log2(e) / T - log2(-log2(u))
-            # plus a constant, so the argmax is the same; log2 is one fast hardware op.
-            x = tl.where(mask, x * inv_t - tl.log2(-tl.log2(u)), float("-inf"))
+            # plus a constant, so the argmax is the same. On the GPU log2 is the hardware's
+            # approximate lg2 (one instruction, ~2^-22 relative error: noise for noise); tl.log2
+            # is libdevice's exact one, a dozen FMAs, which made the kernel compute-bound.
+            if FAST_LOG:
+                gumbel = libdevice.fast_log2f(-libdevice.fast_log2f(u))
+            else:
+                gumbel = tl.log2(-tl.log2(u))
+            x = tl.where(mask, x * inv_t - gumbel, float("-inf"))
         better = x > best_val  # strict: each lane keeps its first maximum
         best_val = tl.where(better, x, best_val)
         best_idx = tl.where(better, offs, best_idx)
@@ -100,7 +107,7 @@ def _pick_split_kernel(val_ptr, idx_ptr, out_ptr, num_splits, SPLITS: tl.constex
 
 def gumbel_sample(
     logits: torch.Tensor, temperature: torch.Tensor, seed: int, *, split: int = _SPLIT, block: int = _BLOCK,
-    num_warps: int = 4,
+    num_warps: int = 4, fast_log: bool | None = None,
 ) -> torch.Tensor:
     """logits [R, V] (any float dtype, unit stride along V), temperature [R] float32 (0: greedy)
     -> sampled token ids [R] int64. `split`/`block`/`num_warps` override the launch (sweeps)."""
@@ -116,7 +123,8 @@ def gumbel_sample(
         return torch.empty(0, dtype=torch.int64, device=logits.device)
     _gumbel_argmax_kernel[(rows, num_splits)](
         logits, temperature.float(), values, indices, logits.stride(0), vocab, num_splits, seed & 0x7FFFFFFF,
-        SPLIT=split, BLOCK=block, num_warps=num_warps, **pdl_args(logits.device),
+        SPLIT=split, BLOCK=block, FAST_LOG=logits.is_cuda if fast_log is None else fast_log, num_warps=num_warps,
+        **pdl_args(logits.device),
     )  # fmt: skip
     tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
     _pick_split_kernel[(rows,)](

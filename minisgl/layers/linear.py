@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import all_reduce, divide, get_tp_info
+from minisgl.env import ENV
+from minisgl.kernels import gemm
 from minisgl.kernels.impl import resolve_impl
 
 WeightLoader = Callable[..., None]
@@ -29,6 +31,20 @@ def select_linear(weight: torch.Tensor) -> LinearFn:
 
         return cpu_ops.linear
     return F.linear
+
+
+def _triton_gemm(x: torch.Tensor, weight: torch.Tensor, use: str) -> bool:
+    """Whether this call takes the split-K Triton GEMM (`kernels/gemm.py`): CUDA, decode-sized
+    rows, and MINISGL_TRITON_GEMM naming this use ("residual" or "all")."""
+    return x.is_cuda and ENV.triton_gemm in (use, "all") and gemm.supports(x, weight)
+
+
+def add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """residual += x @ weight.T, in place (no bias, one rank), in the GEMM's epilogue: the
+    split-K kernel at decode sizes, else cuBLAS's beta = 1. Returns `residual`."""
+    if _triton_gemm(x, weight, "residual"):
+        return gemm.splitk_gemm(x, weight, residual=residual, out=residual)
+    return residual.addmm_(x, weight.t())
 
 
 def _set_loader(param: nn.Parameter, loader: WeightLoader) -> None:
@@ -58,6 +74,8 @@ class ColumnParallelLinear(nn.Module):
         _copy(param, loaded.narrow(0, self.tp_rank * self.out_per_rank, self.out_per_rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bias is None and _triton_gemm(x, self.weight, "all"):
+            return gemm.splitk_gemm(x, self.weight)
         return self._linear(x, self.weight, self.bias)
 
 

@@ -13,7 +13,12 @@ from minisgl.distributed import get_tp_info
 from minisgl.layers.activation import SiluAndMul
 from minisgl.layers.attention import AttentionLayer
 from minisgl.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from minisgl.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from minisgl.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+    add_linear_,
+)
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding
 from minisgl.models.config import ModelConfig
@@ -111,11 +116,10 @@ class DecoderLayer(nn.Module):
         o_proj and down_proj add their output to the residual in the GEMM itself. 7 kernels a
         layer instead of 9."""
         attn = self.self_attn.attend(positions, hidden, row_norm=(hidden, self.input_layernorm.eps))
-        # In place (the GEMM's C is its output): out-of-place addmm first copies `hidden` into a
-        # new tensor, one launch per GEMM, which cancelled the saving on the H200.
-        hidden.addmm_(attn, self.self_attn.o_proj.weight.t())
+        # In place, in the GEMM's epilogue (layers/linear.py: add_linear_).
+        add_linear_(hidden, attn, self.self_attn.o_proj.weight)
         act = self.mlp.act(self.mlp.gate_up_proj(hidden), row_norm=(hidden, self.post_attention_layernorm.eps))
-        return hidden.addmm_(act, self.mlp.down_proj.weight.t())
+        return add_linear_(hidden, act, self.mlp.down_proj.weight)
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
