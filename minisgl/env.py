@@ -59,10 +59,11 @@ class Env:
             # Fold the RMSNorm weights into the qkv/gate_up projections where the Triton kernels
             # finish the norms (models/llama.py: DecoderLayer.forward_folded); 0: off.
             fold_norms=_bool("MINISGL_FOLD_NORMS", True),
-            # Which decode-sized GEMMs on CUDA take the split-K Triton kernel (kernels/gemm.py):
-            # "residual" (o_proj/down_proj with the residual add of the folded-norm layer), "all"
-            # (also qkv/gate_up and the other column-parallel projections) or "0" (cuBLAS only).
-            triton_gemm=os.environ.get("MINISGL_TRITON_GEMM", "0").lower(),
+            # Which GEMMs on CUDA may take the split-K Triton kernel where it measured faster than
+            # cuBLAS (kernels/gemm.py: small decode batches): "residual" (o_proj/down_proj with the
+            # folded-norm layer's residual add), "all" (also the column-parallel projections) or
+            # "0" (cuBLAS only).
+            triton_gemm=os.environ.get("MINISGL_TRITON_GEMM", "residual").lower(),
         )
 
 

@@ -2,7 +2,7 @@
 # One call on the GPU machine: install the carried wheels, run the GPU tests, run the benchmarks,
 # print a table last. Usage (through the device tool, with carry [".whl"]):
 #   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,host,check,backend,profile,prefill,workload,sweep,main,
-#                                       ragged,attnwl,pdl,sampling,gemm,splitk,gemmab,gaps,hostprefill,ablate,bench,bench8b,moe,hf,tp (tp: two GPUs) or all
+#                                       ragged,attnwl,pdl,sampling,gemm,splitk,gemmab,blasab,addmm,copies,bs1ab,gaps,hostprefill,ablate,bench,bench8b,moe,hf,tp (tp: two GPUs) or all
 # Results land in $OUT (if set) as gpu_tests.log, profile_*.txt and bench.jsonl.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +45,8 @@ has prefill && timeout 150 python3 scripts/profile_gpu_prefill.py 16 512 2>&1 | 
 has pdl && timeout 60 python3 scripts/probe_pdl.py 2>&1 | tee "$OUT/pdl.txt"
 has sampling && timeout 120 python3 scripts/sweep_sampling.py 2>&1 | tee "$OUT/sampling.txt"
 has splitk && timeout 300 python3 scripts/sweep_splitk.py --jobs 12 ${SPLITK_ARGS:-} 2>&1 | tee "$OUT/splitk.txt" | tail -60
+has copies && timeout 150 python3 scripts/probe_copies.py 2>&1 | grep -v INFO | tee "$OUT/copies.txt" | tail -60
+has addmm && timeout 150 python3 scripts/probe_addmm.py 2>&1 | tee "$OUT/addmm.txt"
 has gemm && timeout 240 python3 scripts/sweep_gemm.py ${GEMM_ARGS:-} 2>&1 | tee "$OUT/gemm.txt" | tail -40
 has gaps && timeout 150 python3 scripts/trace_gaps.py configs/qwen3-0.6b 2>&1 | grep -v INFO | tee "$OUT/gaps.txt"
 has hostprefill && timeout 150 python3 scripts/profile_prefill_host.py 2>&1 | grep -v INFO | tee "$OUT/hostprefill.txt" | head -45
@@ -72,6 +74,17 @@ if has gemmab; then  # the split-K Triton GEMM (kernels/gemm.py): off / residual
     MINISGL_TRITON_GEMM=residual bench qwen3-0.6b-tgemm-res 110 $W
     MINISGL_TRITON_GEMM=all bench qwen3-0.6b-tgemm-all 110 $W
     MINISGL_TRITON_GEMM=0 TORCH_BLAS_PREFER_CUBLASLT=1 bench qwen3-0.6b-cublaslt 110 $W
+fi
+if has bs1ab; then  # bs=1 decode: cuBLAS only vs the split-K Triton GEMM where it pays
+    B1="--model configs/qwen3-0.6b --dummy-weights --num-seqs 1 --min-input 128 --max-input 128 --min-output 1024 --max-output 1024"
+    MINISGL_TRITON_GEMM=0 bench bs1-cublas 45 $B1
+    bench bs1-decode 45 $B1
+fi
+if has blasab; then  # cuBLAS against cuBLASLt (torch's preferred_blas_library), twice each, interleaved
+    for i in 1 2; do
+        bench qwen3-0.6b-cublas-$i 110 $W
+        TORCH_BLAS_PREFER_CUBLASLT=1 bench qwen3-0.6b-cublaslt-$i 110 $W
+    done
 fi
 if has ablate; then  # switches under study, each against the headline run of the same call
     MINISGL_PDL=0 bench qwen3-0.6b-nopdl 110 $W

@@ -15,8 +15,9 @@ The counters are zero between launches (the reducing program resets its tile's c
 workspace per device serves every call on that device's stream. Calls on two streams at once
 would share it: the engine issues its GEMMs on one stream.
 
-Used on CUDA for decode-sized M (`MAX_ROWS`); larger M (prefill) keeps cuBLAS. The reference
-(and the CPU path) is `torch.addmm`. Off: MINISGL_TRITON_GEMM=0.
+Measured on an H200 it beats cuBLAS only up to 64 rows (`TUNED`: where cuBLAS's tiles leave most
+SMs idle); from there cuBLAS wins, so the engine takes this kernel only where the table says it
+pays (`pays`). The reference (and the CPU path) is `torch.addmm`. Off: MINISGL_TRITON_GEMM=0.
 """
 
 from __future__ import annotations
@@ -128,9 +129,27 @@ def _num_sms(device: torch.device) -> int:
     return 4  # interpreter runs: a small pretend machine, so split-K still runs in CPU tests
 
 
+# Launches measured on an H200 (`scripts/sweep_splitk.py`, in-graph, W from HBM), per (N, K) and
+# the largest M they serve, where they beat cuBLAS's in-place addmm_: Qwen3-0.6B's o_proj and
+# down_proj. Above 64 rows cuBLAS won every swept launch (e.g. o_proj at 160 rows: 6.35 vs 7.37
+# us), so larger batches, and shapes not listed here, keep cuBLAS.
+TUNED: dict[tuple[int, int], list[tuple[int, GemmConfig]]] = {
+    (1024, 2048): [(16, GemmConfig(16, 32, 128, 4, 4, 3)), (64, GemmConfig(64, 32, 128, 4, 4, 3))],  # 4.3/5.2 vs 6.0/5.9 us
+    (1024, 3072): [(16, GemmConfig(16, 32, 64, 8, 4, 4)), (64, GemmConfig(64, 32, 128, 4, 4, 3))],  # 5.1/6.1 vs 7.1/7.4 us
+}
+
+
+def tuned_config(M: int, N: int, K: int) -> GemmConfig | None:
+    """The measured launch for this shape, or None where cuBLAS is as fast or faster."""
+    for max_rows, cfg in TUNED.get((N, K), []):
+        if M <= max_rows:
+            return cfg
+    return None
+
+
 def default_config(M: int, N: int, K: int, device: torch.device) -> GemmConfig:
-    """Tiles for decode-sized M: rows in one or two M tiles, then as many K splits as it takes to
-    give every SM a program (each split keeping at least two K blocks)."""
+    """A launch for any decode-sized shape (tests, sweeps): rows in one or two M tiles, then as
+    many K splits as it takes to give every SM a program (each split keeping two K blocks)."""
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
     block_n = 64 if N % 64 == 0 else 32
     block_k = 128 if K % 256 == 0 else 64
@@ -156,6 +175,11 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+def pays(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the kernel beats cuBLAS here, by the measured table (`TUNED`)."""
+    return supports(x, weight) and tuned_config(x.shape[0], *weight.shape) is not None
+
+
 def splitk_gemm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -172,7 +196,7 @@ def splitk_gemm(
         out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     assert out.shape == (M, N) and out.stride(1) == 1
     assert residual is None or (residual.shape == (M, N) and residual.stride(1) == 1)
-    cfg = config or default_config(M, N, K, x.device)
+    cfg = config or tuned_config(M, N, K) or default_config(M, N, K, x.device)
     assert N % cfg.block_n == 0 and K % (cfg.block_k * cfg.split_k) == 0, f"N={N}, K={K} do not divide for {cfg}"
     parts, counts = _workspace(x.device)
     grid = (N // cfg.block_n, triton.cdiv(M, cfg.block_m), cfg.split_k)
@@ -188,4 +212,4 @@ def splitk_gemm(
     return out
 
 
-__all__ = ["MAX_ROWS", "GemmConfig", "default_config", "splitk_gemm", "supports"]
+__all__ = ["MAX_ROWS", "TUNED", "GemmConfig", "default_config", "pays", "splitk_gemm", "supports", "tuned_config"]

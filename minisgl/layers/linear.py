@@ -34,9 +34,9 @@ def select_linear(weight: torch.Tensor) -> LinearFn:
 
 
 def _triton_gemm(x: torch.Tensor, weight: torch.Tensor, use: str) -> bool:
-    """Whether this call takes the split-K Triton GEMM (`kernels/gemm.py`): CUDA, decode-sized
-    rows, and MINISGL_TRITON_GEMM naming this use ("residual" or "all")."""
-    return x.is_cuda and ENV.triton_gemm in (use, "all") and gemm.supports(x, weight)
+    """Whether this call takes the split-K Triton GEMM (`kernels/gemm.py`): CUDA, a shape and
+    row count where it measured faster than cuBLAS, and MINISGL_TRITON_GEMM naming this use."""
+    return x.is_cuda and ENV.triton_gemm in (use, "all") and gemm.pays(x, weight)
 
 
 def add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

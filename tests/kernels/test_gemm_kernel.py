@@ -82,6 +82,18 @@ def test_supports_and_default_config() -> None:
             assert N % cfg.block_n == 0 and K % (cfg.block_k * cfg.split_k) == 0, (M, N, K, cfg)
 
 
+def test_tuned_table() -> None:
+    for (N, K), entries in gemm.TUNED.items():
+        assert [m for m, _ in entries] == sorted(m for m, _ in entries)
+        for max_rows, cfg in entries:
+            assert max_rows <= gemm.MAX_ROWS and N % cfg.block_n == 0 and K % (cfg.block_k * cfg.split_k) == 0
+            assert gemm.tuned_config(max_rows, N, K) is not None
+    largest = max(m for m, _ in gemm.TUNED[1024, 2048])
+    assert gemm.pays(torch.zeros(largest, 2048), torch.zeros(1024, 2048))
+    assert not gemm.pays(torch.zeros(largest + 1, 2048), torch.zeros(1024, 2048))  # cuBLAS measured faster
+    assert not gemm.pays(torch.zeros(8, 1024), torch.zeros(4096, 1024))  # not in the table
+
+
 def test_add_linear_matches_addmm_on_cpu() -> None:
     from minisgl.layers.linear import add_linear_
 
@@ -107,10 +119,11 @@ def test_model_shapes_on_gpu(N: int, K: int, M: int) -> None:
     out = splitk_gemm(x, w, residual=residual.clone(), out=None)
     ours = splitk_gemm(x, w, residual=residual)  # out of place
     assert torch.equal(out, ours)  # deterministic
-    # Both within bf16 rounding of the exact sum; ours rounds once from fp32, as cuBLAS does.
-    err, cublas_err = (ours.float() - exact).abs().max().item(), (cublas.float() - exact).abs().max().item()
-    assert err <= max(cublas_err * 1.5, 1e-2), (err, cublas_err)
-    assert (ours != cublas).float().mean().item() < 0.05
+    # At least as close to the exact sum as cuBLAS: ours rounds once, from the fp32 sum (on the
+    # H200 ~29% of elements differ from cuBLAS by an ulp, and cuBLAS's error is the larger one).
+    err, cublas_err = (ours.float() - exact).abs(), (cublas.float() - exact).abs()
+    assert err.max().item() <= max(cublas_err.max().item() * 1.5, 1e-2)
+    assert err.mean().item() <= cublas_err.mean().item() * 1.05
     assert _counters_zero(dev)
 
 
