@@ -6,7 +6,9 @@ For each (batch, context) it prints the default launch and the best few of the s
 per call and in TB/s of K/V read (graph-replayed, so launch overhead is what a CUDA graph sees).
 `--ragged`: batches of lengths uniform in [100, 2048] (as the offline workload's decode has), one
 split or more, programs in batch order or longest first. `--workload`: the offline workload's own
-decode batches at a few steps, default launch against a sweep."""
+decode batches at a few steps, default launch against a sweep. `--layout`: the same batches with the
+pool token-major ([slots, Hkv, D], the engine's) against head-major ([Hkv, slots, D] seen through a
+permuted view: each head's page is one contiguous 4 KB run)."""
 
 from __future__ import annotations
 
@@ -85,10 +87,41 @@ def workload(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
                   f"{nbytes / us / 1e6:>6.2f} {tag}")  # fmt: skip
 
 
+def layout(num_pages: int, dev: torch.device) -> None:
+    """Token-major vs head-major pool on the workload's decode batches, a few launches each."""
+    from minisgl.bench.offline import build_parser, make_workload
+
+    args = build_parser().parse_args("--model configs/qwen3-0.6b --num-seqs 256 --min-input 100 --max-input 1024 "
+                                     "--min-output 100 --max-output 1024 --seed 0".split())  # fmt: skip
+    prompts, outputs = make_workload(args)
+    def pool(head_major: bool) -> torch.Tensor:
+        if head_major:
+            return torch.randn(HKV, num_pages * PAGE, D, device=dev, dtype=torch.bfloat16).permute(1, 0, 2)
+        return torch.randn(num_pages * PAGE, HKV, D, device=dev, dtype=torch.bfloat16)
+
+    caches = {"token-major": (pool(False), pool(False)), "head-major": (pool(True), pool(True))}
+    print(f"{'step':>4} {'bs':>4} {'layout':>12} {'splits':>6} {'blk':>4} {'st':>2} {'us':>8} {'TB/s':>6}")
+    for step in (50, 200, 390, 600, 800, 950):
+        lens = [len(p) + step + 1 for p, n in zip(prompts, outputs) if n > step]
+        bs = len(lens)
+        table, rows, seq_lens, q, out, nbytes = make_batch(lens, num_pages, dev)
+        order = torch.tensor(sorted(range(bs), key=lens.__getitem__, reverse=True), device=dev, dtype=torch.int32)
+        splits0 = decode_num_splits(bs, HKV, D, None, dev)
+        for name, (k, v) in caches.items():
+            for splits, blk, stages in ((splits0, 64, None), (splits0, 32, None), (splits0, 64, 4), (splits0 * 2, 64, None)):
+                us = bench(lambda: decode_attention(q, k, v, table, rows, seq_lens, 0.088, num_splits=splits, out=out,
+                                                    order=order, block_n=blk, num_stages=stages))  # fmt: skip
+                print(f"{step:>4} {bs:>4} {name:>12} {splits:>6} {blk:>4} {stages or '-':>2} {us:>8.1f} "
+                      f"{nbytes / us / 1e6:>6.2f}")  # fmt: skip
+
+
 def main() -> None:
     torch.manual_seed(0)
     dev = torch.device("cuda")
     num_pages = 70_000  # like the engine's pool on an H200 (one layer's K and V: ~4.6 GB each)
+    if "--layout" in sys.argv:
+        layout(num_pages, dev)
+        return
     k = torch.randn(num_pages * PAGE, HKV, D, device=dev, dtype=torch.bfloat16)
     v = torch.randn_like(k)
     if "--ragged" in sys.argv:

@@ -126,8 +126,8 @@ def _extend_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    k_head_ptr = k_ptr + kv_head * stride_kh
-    v_head_ptr = v_ptr + kv_head * stride_vh
+    k_head_ptr = k_ptr + kv_head.to(tl.int64) * stride_kh
+    v_head_ptr = v_ptr + kv_head.to(tl.int64) * stride_vh
     table_row_ptr = table_ptr + row * stride_table
 
     # Keys before this block's first query are visible to every query in it: no causal mask,
@@ -225,8 +225,8 @@ def _decode_split_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    k_head_ptr = k_ptr + kv_head * stride_kh
-    v_head_ptr = v_ptr + kv_head * stride_vh
+    k_head_ptr = k_ptr + kv_head.to(tl.int64) * stride_kh
+    v_head_ptr = v_ptr + kv_head.to(tl.int64) * stride_vh
     table_row_ptr = table_ptr + row * stride_table
     for block_start in range(start, end, BLOCK_N):
         kv_pos = block_start + offs_n
