@@ -34,7 +34,6 @@ class Env:
     default_dtype: str | None
     fold_norms: bool
     triton_gemm: str
-    kv_head_major: bool
 
     @staticmethod
     def read() -> "Env":
@@ -65,8 +64,6 @@ class Env:
             # folded-norm layer's residual add), "all" (also the column-parallel projections) or
             # "0" (cuBLAS only).
             triton_gemm=os.environ.get("MINISGL_TRITON_GEMM", "residual").lower(),
-            # KV pool stored head-major on CUDA with the Triton backend (kvcache/pool.py); 0: token-major.
-            kv_head_major=_bool("MINISGL_KV_HEAD_MAJOR", False),
         )
 
 

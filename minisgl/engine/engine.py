@@ -245,13 +245,7 @@ class Engine:
                     pages = torch.tensor([num_pages], dtype=torch.int64, device=self.device)
                     dist.all_reduce(pages, op=dist.ReduceOp.MIN)
                     num_pages = int(pages.item())
-        # Head-major pages where only the Triton kernels read the pool (see KVPool).
-        head_major = ENV.kv_head_major and self.device.type == "cuda" and select_attn_backend(
-            cfg.attn, self.platform.name, ENV.triton_interpret
-        ) == "triton"
-        return KVPool(
-            mc.num_layers, num_pages, cfg.page_size, kv_heads, mc.head_dim, self.dtype, self.device, head_major
-        )
+        return KVPool(mc.num_layers, num_pages, cfg.page_size, kv_heads, mc.head_dim, self.dtype, self.device)
 
     def _make_runner(self) -> "Runner":
         from minisgl.engine.graph import EagerRunner, GraphRunner

@@ -8,11 +8,6 @@ class KVPool:
 
     One extra page past `num_pages` is a scratch page: padded (CUDA-graph) batch entries write there,
     so they never touch a live request's KV.
-
-    `head_major`: each layer's buffer is stored [Hkv, slots, D] and seen through a permuted view of
-    the same [slots, Hkv, D] shape, so one head's tokens of a page are one contiguous run (what a
-    decode program reads) instead of 256-byte pieces 2 KB apart. Only stride-generic consumers
-    may take it (the Triton kernels); the CPU paths index the token-major layout.
     """
 
     def __init__(
@@ -24,7 +19,6 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
-        head_major: bool = False,
     ) -> None:
         self.num_layers = num_layers
         self.num_pages = num_pages
@@ -32,16 +26,9 @@ class KVPool:
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
-        self.head_major = head_major
         num_slots = (num_pages + 1) * page_size
-
-        def buffer() -> torch.Tensor:
-            if head_major:
-                return torch.zeros(num_kv_heads, num_slots, head_dim, dtype=dtype, device=device).permute(1, 0, 2)
-            return torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
-
-        self.k = [buffer() for _ in range(num_layers)]
-        self.v = [buffer() for _ in range(num_layers)]
+        self.k = [torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
 
     @property
     def scratch_slot(self) -> int:
