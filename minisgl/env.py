@@ -34,7 +34,6 @@ class Env:
     default_dtype: str | None
     fold_norms: bool
     triton_gemm: str
-    rope_in_attention: bool
 
     @staticmethod
     def read() -> "Env":
@@ -65,9 +64,6 @@ class Env:
             # folded-norm layer's residual add), "all" (also the column-parallel projections) or
             # "0" (cuBLAS only).
             triton_gemm=os.environ.get("MINISGL_TRITON_GEMM", "residual").lower(),
-            # Decode steps of the Triton backend: the attention kernel does the rotary kernel's work
-            # (q/k norms, rotary, KV store) in its own launch (kernels/attention.py: DecodeRope).
-            rope_in_attention=_bool("MINISGL_ROPE_IN_ATTENTION", True),
         )
 
 

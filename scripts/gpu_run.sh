@@ -2,7 +2,7 @@
 # One call on the GPU machine: install the carried wheels, run the GPU tests, run the benchmarks,
 # print a table last. Usage (through the device tool, with carry [".whl"]):
 #   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,host,check,backend,profile,prefill,workload,sweep,main,
-#                                       ragged,attnwl,pdl,sampling,gemm,splitk,gemmab,blasab,addmm,copies,bs1ab,layout,ropeab,gaps,hostprefill,ablate,bench,bench8b,moe,hf,tp (tp: two GPUs) or all
+#                                       ragged,attnwl,pdl,sampling,gemm,splitk,gemmab,blasab,addmm,copies,bs1ab,layout,gaps,hostprefill,ablate,bench,bench8b,moe,hf,tp (tp: two GPUs) or all
 # Results land in $OUT (if set) as gpu_tests.log, profile_*.txt and bench.jsonl.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -81,12 +81,6 @@ if has bs1ab; then  # bs=1 decode: cuBLAS only vs the split-K Triton GEMM where 
     bench bs1-decode 45 $B1
 fi
 has layout && timeout 200 python3 scripts/sweep_decode_attention.py --layout 2>&1 | tee "$OUT/layout.txt"
-if has ropeab; then  # decode attention doing the rotary kernel's work (default) vs two launches
-    for i in 1 2; do
-        bench qwen3-0.6b-$i 110 $W
-        MINISGL_ROPE_IN_ATTENTION=0 bench qwen3-0.6b-rope-kernel-$i 110 $W
-    done
-fi
 if has blasab; then  # cuBLAS against cuBLASLt (torch's preferred_blas_library), twice each, interleaved
     for i in 1 2; do
         bench qwen3-0.6b-cublas-$i 110 $W

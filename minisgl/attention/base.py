@@ -1,14 +1,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from minisgl.attention.batch import ForwardBatch
-
-if TYPE_CHECKING:
-    from minisgl.kernels.attention import DecodeRope
 
 
 class KVStore(NamedTuple):
@@ -42,12 +39,6 @@ class BaseAttnBackend(ABC):
         q: [T, Hq, D]. Returns [T, Hq, D]. Causal: new token j of a request with prefix length p
         sees positions <= p + j.
         """
-
-    def forward_rope(self, q: torch.Tensor, rope: DecodeRope, layer_id: int, batch: ForwardBatch) -> torch.Tensor | None:
-        """Attention that also does the rotary kernel's work for the batch (q/k norms, rotary, the
-        new k/v into the cache: `rope`, with q un-rotated), in one launch; or None where this
-        backend or batch cannot (default), and the caller runs the rotary kernel and `forward`."""
-        return None
 
     def warmup(self, token_table: torch.Tensor, row: int) -> None:
         """Compile, at engine start, kernel variants that eager steps could otherwise first need in

@@ -17,9 +17,7 @@ import torch
 
 from minisgl.attention.base import BaseAttnBackend, KVStore
 from minisgl.attention.batch import ForwardBatch
-from minisgl.env import ENV
 from minisgl.kernels.attention import (
-    DecodeRope,
     MAX_DECODE_SPLITS,
     alloc_decode_buffers,
     decode_attention,
@@ -167,22 +165,6 @@ class TritonAttnBackend(BaseAttnBackend):
             self.sm_scale, num_splits=d.num_splits, mid_o=d.mid_o, mid_lse=d.mid_lse, order=d.order,
         )  # fmt: skip
         return out.index_copy_(0, split.token_idx, decoded)
-
-    def forward_rope(
-        self, q: torch.Tensor, rope: DecodeRope, layer_id: int, batch: ForwardBatch
-    ) -> torch.Tensor | None:
-        # Decode batches only (graph replay or eager): extend and mixed steps keep the rotary kernel.
-        meta = batch.attn_meta
-        if not ENV.rope_in_attention or not isinstance(meta, TritonDecodeMeta):
-            return None
-        if rope.norm is not None and rope.norm[0].dtype != q.dtype:
-            return None  # the rotary kernel's output dtype would differ from q's
-        q = q.view(-1, self.num_heads, self.head_dim)
-        return decode_attention(
-            q, self.pool.k[layer_id], self.pool.v[layer_id], batch.token_table, meta.rows, meta.seq_lens,
-            self.sm_scale, num_splits=meta.num_splits, mid_o=meta.mid_o, mid_lse=meta.mid_lse, order=meta.order,
-            rope=rope,
-        )  # fmt: skip
 
     def warmup(self, token_table: torch.Tensor, row: int) -> None:
         """Compile the decode kernels for every split count eager decode can pick (a power of two up

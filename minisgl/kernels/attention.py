@@ -16,9 +16,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from minisgl.kernels.norm import row_norm_args, row_rms_scale
 from minisgl.kernels.pdl import pdl_args
-from minisgl.kernels.rotary import _rope_heads
 
 _LOG2E = 1.4426950408889634
 
@@ -160,84 +158,6 @@ def _extend_kernel(
 
 
 @triton.jit
-def _decode_rope(
-    q_raw_ptr,
-    q_ptr,
-    k_new_ptr,
-    v_new_ptr,
-    k_ptr,
-    v_ptr,
-    qw_ptr,
-    kw_ptr,
-    pos_ptr,
-    cos_ptr,
-    sin_ptr,
-    loc_ptr,
-    h_ptr,
-    req,
-    kv_head,
-    owner,
-    stride_qrt,
-    stride_qrh,
-    stride_qb,
-    stride_qh,
-    stride_knt,
-    stride_knh,
-    stride_vnt,
-    stride_vnh,
-    stride_ks,
-    stride_kh,
-    stride_vs,
-    stride_vh,
-    stride_cos,
-    stride_ht,
-    q_eps,
-    k_eps,
-    h_eps,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    HAS_NORM: tl.constexpr,
-    HIDDEN: tl.constexpr,
-    BLOCK_HIDDEN: tl.constexpr,
-):
-    """The rotary kernel's work for one (request, kv head), in the decode program itself: this
-    kv head's q heads (normed, rotated) go to row `req` of the q buffer the attention then reads,
-    and, in the program `owner` of the split holding the new token, the new k (normed, rotated)
-    and v go to the token's cache slot. Same helpers and roundings as `kernels/rotary.py`."""
-    req64 = req.to(tl.int64)
-    pos = tl.load(pos_ptr + req64).to(tl.int64)
-    dims = tl.arange(0, BLOCK_HALF)
-    dtype = q_ptr.dtype.element_ty
-    half_mask = dims < HEAD_DIM // 2
-    cos = tl.load(cos_ptr + pos * stride_cos + dims, mask=half_mask, other=0.0).to(dtype).to(tl.float32)[None, :]
-    sin = tl.load(sin_ptr + pos * stride_cos + dims, mask=half_mask, other=0.0).to(dtype).to(tl.float32)[None, :]
-    row_scale = 1.0
-    if HIDDEN > 0:
-        row_scale = row_rms_scale(h_ptr, req64, stride_ht, h_eps, HIDDEN, BLOCK_HIDDEN)
-    head0 = kv_head * GROUP
-    _rope_heads(
-        q_raw_ptr, q_ptr, qw_ptr, req64, req64, head0, head0 + GROUP, stride_qrt, stride_qrh, stride_qb, stride_qh,
-        cos, sin, q_eps, row_scale, HEAD_DIM // 2, BLOCK_H, BLOCK_HALF, HAS_NORM, HIDDEN > 0,
-    )  # fmt: skip
-    if owner:
-        kv_row = tl.load(loc_ptr + req64).to(tl.int64)
-        _rope_heads(
-            k_new_ptr, k_ptr, kw_ptr, req64, kv_row, kv_head, kv_head + 1, stride_knt, stride_knh, stride_ks,
-            stride_kh, cos, sin, k_eps, row_scale, HEAD_DIM // 2, BLOCK_H, BLOCK_HALF, HAS_NORM, HIDDEN > 0,
-        )  # fmt: skip
-        full = tl.arange(0, BLOCK_D)
-        v = tl.load(v_new_ptr + req64 * stride_vnt + kv_head * stride_vnh + full, mask=full < HEAD_DIM)
-        if HIDDEN > 0:
-            v = v.to(tl.float32) * row_scale
-        v_dst = v_ptr + kv_row * stride_vs + kv_head * stride_vh + full
-        tl.store(v_dst, v.to(v_ptr.dtype.element_ty), mask=full < HEAD_DIM)
-    tl.debug_barrier()  # this program's q rows and new k/v are written before it reads them
-
-
-@triton.jit
 def _decode_split_kernel(
     q_ptr,
     k_ptr,
@@ -264,27 +184,6 @@ def _decode_split_kernel(
     stride_ob,
     stride_oh,
     stride_table,
-    q_raw_ptr,
-    k_new_ptr,
-    v_new_ptr,
-    qw_ptr,
-    kw_ptr,
-    pos_ptr,
-    cos_ptr,
-    sin_ptr,
-    loc_ptr,
-    h_ptr,
-    stride_qrt,
-    stride_qrh,
-    stride_knt,
-    stride_knh,
-    stride_vnt,
-    stride_vnh,
-    stride_cos,
-    stride_ht,
-    q_eps,
-    k_eps,
-    h_eps,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
@@ -293,11 +192,6 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
     HAS_ORDER: tl.constexpr,
-    ROPE: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    HAS_NORM: tl.constexpr,
-    HIDDEN: tl.constexpr,
-    BLOCK_HIDDEN: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Stage 1: partial attention of all q heads of one kv head over one split of the sequence.
@@ -305,11 +199,7 @@ def _decode_split_kernel(
 
     Programs start in grid order, KV heads fastest, and with HAS_ORDER the i-th request taken is
     `order[i]`: given longest-first, the long requests start first and the GPU does not idle
-    waiting on a few long ones started last (at one split a program reads a whole sequence).
-
-    With ROPE the program first does the rotary kernel's work for its request and kv head
-    (`_decode_rope`): q is then the buffer it writes, and the new token's k/v reach the cache
-    before the split that holds the token reads it. One launch per layer less."""
+    waiting on a few long ones started last (at one split a program reads a whole sequence)."""
     if PDL:
         gdc_wait()  # the previous kernel's writes are visible from here on (kernels/pdl.py)
     kv_head = tl.program_id(0)
@@ -322,16 +212,6 @@ def _decode_split_kernel(
     split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
-    if ROPE:
-        # The split holding the new (last) token writes its k/v; seq_len 0 (padding): split 0.
-        owner = split == tl.maximum(seq_len - 1, 0) // tl.maximum(split_len, 1)
-        _decode_rope(
-            q_raw_ptr, q_ptr, k_new_ptr, v_new_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, cos_ptr, sin_ptr,
-            loc_ptr, h_ptr, req, kv_head, owner, stride_qrt, stride_qrh, stride_qb, stride_qh, stride_knt,
-            stride_knh, stride_vnt, stride_vnh, stride_ks, stride_kh, stride_vs, stride_vh, stride_cos,
-            stride_ht, q_eps, k_eps, h_eps, GROUP, HEAD_DIM, BLOCK_H, BLOCK_D, BLOCK_HALF, HAS_NORM, HIDDEN,
-            BLOCK_HIDDEN,
-        )  # fmt: skip
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_n = tl.arange(0, BLOCK_N)
@@ -542,49 +422,6 @@ def alloc_decode_buffers(
     return mid_o, mid_lse
 
 
-class DecodeRope(NamedTuple):
-    """What the rotary kernel would take, for `decode_attention` to do its work in the attention
-    launch: q is then the un-rotated q, and k/v [B, Hkv, D] the new tokens' (views of the fused
-    qkv output), written to the cache slots `out_loc` [B]. `norm` = (q weight, k weight, q eps,
-    k eps) for Qwen3's per-head norms; `row_norm` = (hidden [B, H], eps) for folded RMSNorms."""
-
-    positions: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    cos: torch.Tensor
-    sin: torch.Tensor
-    out_loc: torch.Tensor
-    norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None
-    row_norm: tuple[torch.Tensor, float] | None = None
-
-
-def _rope_args(q: torch.Tensor, rope: DecodeRope | None, batch_size: int) -> dict:
-    """Launch arguments of the decode kernel's rotary part (placeholders, never read, without)."""
-    if rope is None:
-        return dict(
-            q_raw_ptr=q, k_new_ptr=q, v_new_ptr=q, qw_ptr=q, kw_ptr=q, pos_ptr=q, cos_ptr=q, sin_ptr=q, loc_ptr=q,
-            h_ptr=q, stride_qrt=0, stride_qrh=0, stride_knt=0, stride_knh=0, stride_vnt=0, stride_vnh=0,
-            stride_cos=0, stride_ht=0, q_eps=0.0, k_eps=0.0, h_eps=0.0, ROPE=False, BLOCK_HALF=1, HAS_NORM=False,
-            HIDDEN=0, BLOCK_HIDDEN=1,
-        )  # fmt: skip
-    k, v, cos, sin = rope.k, rope.v, rope.cos, rope.sin
-    half = q.shape[2] // 2
-    assert k.shape == v.shape and k.shape[0] >= batch_size and k.stride(2) == v.stride(2) == 1
-    assert cos.shape == sin.shape and cos.shape[1] == half and cos.stride() == sin.stride() and cos.stride(1) == 1
-    assert rope.positions.shape[0] >= batch_size and rope.out_loc.shape[0] >= batch_size
-    q_w, k_w, q_eps, k_eps = rope.norm if rope.norm is not None else (q, q, 0.0, 0.0)
-    if rope.norm is not None:
-        assert q_w.dtype == q.dtype and q_w.is_contiguous() and k_w.is_contiguous(), "norm weights in q's dtype"
-    norm_args = row_norm_args(rope.row_norm, rope.row_norm[0].shape[0] if rope.row_norm else 0, q)
-    return dict(
-        q_raw_ptr=q, k_new_ptr=k, v_new_ptr=v, qw_ptr=q_w, kw_ptr=k_w, pos_ptr=rope.positions, cos_ptr=cos,
-        sin_ptr=sin, loc_ptr=rope.out_loc, stride_qrt=q.stride(0), stride_qrh=q.stride(1), stride_knt=k.stride(0),
-        stride_knh=k.stride(1), stride_vnt=v.stride(0), stride_vnh=v.stride(1), stride_cos=cos.stride(0),
-        q_eps=q_eps, k_eps=k_eps, ROPE=True, BLOCK_HALF=triton.next_power_of_2(half), HAS_NORM=rope.norm is not None,
-        **norm_args,
-    )  # fmt: skip
-
-
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -602,11 +439,8 @@ def decode_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    rope: DecodeRope | None = None,
 ) -> torch.Tensor:
     """One query token per request, q [B, Hq, D], attending to all `seq_lens[b]` cached positions.
-    With `rope`, q is un-rotated and the kernel first does the rotary kernel's work (see
-    `DecodeRope`): the new tokens' k/v need not be in the cache yet.
 
     `num_splits` is a launch constant (no data-dependent grid, so CUDA graphs can capture it).
     `mid_o`/`mid_lse` may be larger than needed (static graph buffers): only [:B, :, :num_splits]
@@ -617,14 +451,10 @@ def decode_attention(
     num_heads, num_kv_heads, head_dim = _check_layout(q, k_cache, v_cache)
     assert 1 <= num_splits
     if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = torch.empty_like(q)
     batch_size = q.shape[0]
     if batch_size == 0:
         return out
-    rope_args = _rope_args(q, rope, batch_size)
-    if rope is not None:  # the kernel writes the rotated q here, then reads it as its q
-        q_raw, q = q, torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        rope_args["q_raw_ptr"] = q_raw
     if mid_o is None or mid_lse is None:
         mid_o, mid_lse = alloc_decode_buffers(batch_size, num_heads, head_dim, num_splits, q.device)
     assert mid_o.shape[0] >= batch_size and mid_o.shape[2] >= num_splits and mid_o.stride(3) == 1
@@ -648,7 +478,6 @@ def decode_attention(
         BLOCK_N=block_n,
         PRECISION=_precision(q.dtype),
         HAS_ORDER=order is not None,
-        **rope_args,
         # H200 sweep of uniform lengths: 2 warps best or tied from batch 1 to 256 (4 warps up to 10%
         # slower at D 64, 8 warps up to 60% slower); wider heads get 4 to keep tiles in registers.
         num_warps=num_warps or (2 if head_dim <= 128 else 4),
@@ -676,7 +505,6 @@ def decode_attention(
 
 __all__ = [
     "MAX_DECODE_SPLITS",
-    "DecodeRope",
     "alloc_decode_buffers",
     "decode_attention",
     "decode_num_splits",

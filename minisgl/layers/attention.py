@@ -1,14 +1,9 @@
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
 from minisgl.attention.base import BaseAttnBackend, KVStore
-
-if TYPE_CHECKING:
-    from minisgl.kernels.attention import DecodeRope
 from minisgl.attention.batch import current_batch
 
 
@@ -28,13 +23,6 @@ class AttentionLayer(nn.Module):
         None when the backend stores them itself."""
         assert self.backend is not None, "attention backend not bound"
         return self.backend.kv_store(self.layer_id, current_batch())
-
-    def forward_rope(self, q: torch.Tensor, rope: DecodeRope) -> torch.Tensor | None:
-        """Attention with the rotary kernel's work in the same launch (decode batches of the
-        Triton backend), [T, Hq * D]; None where the backend cannot for this batch."""
-        assert self.backend is not None, "attention backend not bound"
-        out = self.backend.forward_rope(q, rope, self.layer_id, current_batch())
-        return None if out is None else out.reshape(out.shape[0], self.num_heads * self.head_dim)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> torch.Tensor:
         assert self.backend is not None, "attention backend not bound"

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -10,9 +10,6 @@ from minisgl.attention.base import KVStore
 from minisgl.kernels.impl import KernelImpl, resolve_impl
 from minisgl.kernels.rotary_ref import qk_norm_rotary_ref, rotary_ref
 from minisgl.layers.norm import RMSNorm
-
-if TYPE_CHECKING:
-    from minisgl.kernels.attention import DecodeRope
 
 RotaryFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -95,22 +92,6 @@ class RotaryEmbedding(nn.Module):
     def stores_kv(self) -> bool:
         """Whether `forward_store` is one fused kernel (Triton); elsewhere it is not offered."""
         return self._rotary_store_kv is not None
-
-    def decode_rope(
-        self,
-        positions: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        store: KVStore,
-        norms: tuple[RMSNorm, RMSNorm] | None = None,
-        row_norm: tuple[torch.Tensor, float] | None = None,
-    ) -> DecodeRope:
-        """`forward_store`'s inputs (less q), for a decode attention kernel that does this work in
-        its own launch (`AttentionLayer.forward_rope`)."""
-        from minisgl.kernels.attention import DecodeRope
-
-        eps = (norms[0].weight, norms[1].weight, norms[0].eps, norms[1].eps) if norms is not None else None
-        return DecodeRope(positions, k, v, self.cos, self.sin, store.out_loc, eps, row_norm)
 
     def forward_store(
         self,

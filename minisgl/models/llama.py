@@ -57,12 +57,7 @@ class SelfAttention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         norms = (self.q_norm, self.k_norm) if self.q_norm is not None and self.k_norm is not None else None
         store = self.attn.kv_store() if self.rotary.stores_kv else None
-        if store is not None:
-            # Decode batches: the attention kernel does the q/k norms, rotary and KV store itself.
-            out = self.attn.forward_rope(q, self.rotary.decode_rope(positions, k, v, store, norms, row_norm))
-            if out is not None:
-                return out
-            # Otherwise one kernel for the q/k norms, rotary and the KV store, then attention.
+        if store is not None:  # one kernel for the q/k norms, rotary and the KV store
             return self.attn(self.rotary.forward_store(positions, q, k, v, store, norms, row_norm))
         assert row_norm is None, "folded norms need the rotary kernel that stores k/v (Triton backend)"
         if norms is not None:
