@@ -8,7 +8,9 @@ per call and in TB/s of K/V read (graph-replayed, so launch overhead is what a C
 split or more, programs in batch order or longest first. `--workload`: the offline workload's own
 decode batches at a few steps, default launch against a sweep. `--layout`: the same batches with the
 pool token-major ([slots, Hkv, D], the engine's) against head-major ([Hkv, slots, D] seen through a
-permuted view: each head's page is one contiguous 4 KB run)."""
+permuted view: each head's page is one contiguous 4 KB run). `--extend`: the extend kernel on a
+16k-token chunk of fresh prompts of the workload's lengths, query blocks launched last first
+(default) or in position order."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import sys
 import torch
 import triton
 
-from minisgl.kernels.attention import decode_attention, decode_num_splits
+from minisgl.kernels.attention import decode_attention, decode_num_splits, extend_attention
 
 HQ, HKV, D, PAGE = 16, 8, 128, 16
 SHAPES = [(256, 512), (256, 900), (128, 1000), (64, 1200), (32, 1000), (8, 1000), (1, 1100)]
@@ -87,6 +89,28 @@ def workload(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
                   f"{nbytes / us / 1e6:>6.2f} {tag}")  # fmt: skip
 
 
+def extend(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
+    """One prefill chunk as the offline workload's first steps have: fresh prompts, lengths
+    uniform in [100, 1024], up to 16k tokens; the extend kernel in both block orders."""
+    dev = k.device
+    gen = torch.Generator().manual_seed(0)
+    print(f"{'chunk':>5} {'reqs':>4} {'tokens':>7} {'order':>18} {'us':>8} {'TFLOP/s':>8}")
+    for chunk in range(3):
+        lens: list[int] = []
+        while sum(lens) < 16384 - 1024:
+            lens.append(int(torch.randint(100, 1025, (1,), generator=gen)))
+        table, rows, seq_lens, _, _, _ = make_batch(lens, num_pages, dev)
+        extend_lens = seq_lens.clone()
+        starts = torch.tensor([sum(lens[:i]) for i in range(len(lens))], device=dev, dtype=torch.int32)
+        q = torch.randn(sum(lens), HQ, D, device=dev, dtype=torch.bfloat16)
+        flops = sum(4 * n * (n + 1) / 2 * D * HQ for n in lens)
+        for last_first in (True, False):
+            us = bench(lambda: extend_attention(q, k, v, table, rows, seq_lens, extend_lens, starts, 0.088,
+                                                max_extend_len=max(lens), last_blocks_first=last_first))  # fmt: skip
+            name = "last blocks first" if last_first else "position order"
+            print(f"{chunk:>5} {len(lens):>4} {sum(lens):>7} {name:>18} {us:>8.1f} {flops / us / 1e6:>8.1f}")
+
+
 def layout(num_pages: int, dev: torch.device) -> None:
     """Token-major vs head-major pool on the workload's decode batches, a few launches each."""
     from minisgl.bench.offline import build_parser, make_workload
@@ -129,6 +153,9 @@ def main() -> None:
         return
     if "--workload" in sys.argv:
         workload(k, v, num_pages)
+        return
+    if "--extend" in sys.argv:
+        extend(k, v, num_pages)
         return
     print(f"{'bs':>4} {'ctx':>5} {'splits':>6} {'blk':>4} {'w':>2} {'st':>2} {'us':>8} {'TB/s':>6}")
     for bs, ctx in SHAPES:

@@ -11,9 +11,9 @@ last program of a tile (the counter says which) sums the partials in split order
 result is deterministic), adds the residual and writes the output. One launch, no memcpy, and the
 residual add happens in fp32 before the single rounding, as cuBLAS's beta = 1 does.
 
-The counters are zero between launches (the reducing program resets its tile's counter), so one
-workspace per device serves every call on that device's stream. Calls on two streams at once
-would share it: the engine issues its GEMMs on one stream.
+The per-tile counters are the device's arrival counters (`kernels/arrival.py`): zero between
+launches, one buffer for every call on the engine's stream. The fp32 partials live in one
+workspace per device, likewise.
 
 Measured on an H200 it beats cuBLAS only up to 64 rows (`TUNED`: where cuBLAS's tiles leave most
 SMs idle); from there cuBLAS wins, so the engine takes this kernel only where the table says it
@@ -30,10 +30,10 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
+from minisgl.kernels.arrival import NUM_COUNTERS, arrival_counters
 from minisgl.kernels.pdl import pdl_args
 
 MAX_ROWS = 256  # above this, cuBLAS (the kernel is tuned for decode batches)
-_MAX_TILES = 4096  # counters in the workspace: tiles of the largest call
 _WORKSPACE_FLOATS = 8 << 20  # 32 MB of fp32 partials
 
 
@@ -116,11 +116,9 @@ def _splitk_gemm_kernel(
 
 
 @functools.cache
-def _workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp32 partials, int32 tile counters, zeroed) for every split-K call on `device`."""
-    parts = torch.empty(_WORKSPACE_FLOATS, dtype=torch.float32, device=device)
-    counts = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
-    return parts, counts
+def _partials(device: torch.device) -> torch.Tensor:
+    """fp32 partial tiles for every split-K call on `device` (one stream: see the docstring)."""
+    return torch.empty(_WORKSPACE_FLOATS, dtype=torch.float32, device=device)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -198,9 +196,9 @@ def splitk_gemm(
     assert residual is None or (residual.shape == (M, N) and residual.stride(1) == 1)
     cfg = config or tuned_config(M, N, K) or default_config(M, N, K, x.device)
     assert N % cfg.block_n == 0 and K % (cfg.block_k * cfg.split_k) == 0, f"N={N}, K={K} do not divide for {cfg}"
-    parts, counts = _workspace(x.device)
+    parts, counts = _partials(x.device), arrival_counters(x.device)
     grid = (N // cfg.block_n, triton.cdiv(M, cfg.block_m), cfg.split_k)
-    assert cfg.split_k == 1 or (grid[0] * grid[1] <= counts.numel() and grid[0] * grid[1] * grid[2] * cfg.block_m *
+    assert cfg.split_k == 1 or (grid[0] * grid[1] <= NUM_COUNTERS and grid[0] * grid[1] * grid[2] * cfg.block_m *
                                 cfg.block_n <= parts.numel()), f"workspace too small for M={M} {cfg}"  # fmt: skip
     res = residual if residual is not None else out
     _splitk_gemm_kernel[grid](

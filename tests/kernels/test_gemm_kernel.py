@@ -17,6 +17,7 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
 from minisgl.kernels import gemm  # noqa: E402
+from minisgl.kernels.arrival import arrival_counters  # noqa: E402
 from minisgl.kernels.gemm import GemmConfig, default_config, splitk_gemm, supports  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -29,7 +30,7 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 
 
 def _counters_zero(device: torch.device) -> bool:
-    return int(gemm._workspace(device)[1].abs().sum()) == 0
+    return int(arrival_counters(device).abs().sum()) == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
