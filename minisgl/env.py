@@ -34,7 +34,6 @@ class Env:
     default_dtype: str | None
     fold_norms: bool
     triton_gemm: str
-    fused_split_merge: bool
 
     @staticmethod
     def read() -> "Env":
@@ -65,9 +64,6 @@ class Env:
             # folded-norm layer's residual add), "all" (also the column-parallel projections) or
             # "0" (cuBLAS only).
             triton_gemm=os.environ.get("MINISGL_TRITON_GEMM", "residual").lower(),
-            # Split decode attention merges its splits in the last program of each (request, KV
-            # head) to finish (kernels/arrival.py); 0: a second (reduce) kernel does it.
-            fused_split_merge=_bool("MINISGL_FUSED_SPLIT_MERGE", True),
         )
 
 

@@ -82,15 +82,6 @@ if has bs1ab; then  # bs=1 decode: cuBLAS only vs the split-K Triton GEMM where 
 fi
 has layout && timeout 200 python3 scripts/sweep_decode_attention.py --layout 2>&1 | tee "$OUT/layout.txt"
 has extendorder && timeout 120 python3 scripts/sweep_decode_attention.py --extend 2>&1 | tee "$OUT/extend.txt"
-if has mergeab; then  # split decode attention merged by its last program (default) vs the reduce kernel
-    B1="--model configs/qwen3-0.6b --dummy-weights --num-seqs 1 --min-input 128 --max-input 128 --min-output 1024 --max-output 1024"
-    for i in 1 2; do
-        bench qwen3-0.6b-$i 110 $W
-        MINISGL_FUSED_SPLIT_MERGE=0 bench qwen3-0.6b-reduce-kernel-$i 110 $W
-    done
-    bench bs1-decode 45 $B1
-    MINISGL_FUSED_SPLIT_MERGE=0 bench bs1-reduce-kernel 45 $B1
-fi
 if has blasab; then  # cuBLAS against cuBLASLt (torch's preferred_blas_library), twice each, interleaved
     for i in 1 2; do
         bench qwen3-0.6b-cublas-$i 110 $W

@@ -1,7 +1,7 @@
 """Arrival counters for kernels whose last program finishes the job ("last one merges").
 
-A kernel that splits one output over several programs (split-K GEMM partials, split decode
-attention) can merge the parts without a second launch: each program writes its part, then
+A kernel that splits one output over several programs (the split-K GEMM's partial tiles) can
+merge the parts without a second launch: each program writes its part, then
 atomically bumps the output's counter (acq_rel at GPU scope: its part is released, and the last
 arrival acquires everyone's); the program that sees `parts - 1` merges, in a fixed order (so the
 result does not depend on who came last), and sets the counter back to 0.
@@ -18,7 +18,7 @@ import functools
 
 import torch
 
-NUM_COUNTERS = 1 << 16  # outputs one launch may merge this way (decode: requests x KV heads)
+NUM_COUNTERS = 1 << 16  # outputs one launch may merge this way
 
 
 @functools.cache

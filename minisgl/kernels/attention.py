@@ -16,8 +16,6 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from minisgl.env import ENV
-from minisgl.kernels.arrival import NUM_COUNTERS, arrival_counters
 from minisgl.kernels.pdl import pdl_args
 
 _LOG2E = 1.4426950408889634
@@ -165,49 +163,6 @@ def _extend_kernel(
 
 
 @triton.jit
-def _merge_splits(
-    mid_o_ptr,
-    mid_lse_ptr,
-    o_ptr,
-    req,
-    heads,
-    h_mask,
-    offs_d,
-    d_mask,
-    stride_mob,
-    stride_moh,
-    stride_mos,
-    stride_mlb,
-    stride_mlh,
-    stride_ob,
-    stride_oh,
-    NUM_SPLITS: tl.constexpr,
-    SPLITS_POW2: tl.constexpr,
-):
-    """o for the rows `heads` of request `req`: the splits' partial outputs weighted by their
-    log-sum-exps, summed in split order. Loads bypass L1 (`.cg`): other SMs wrote the partials."""
-    offs_s = tl.arange(0, SPLITS_POW2)
-    lse_base = mid_lse_ptr + req * stride_mlb + heads * stride_mlh
-    all_lse = tl.load(
-        lse_base[:, None] + offs_s[None, :], mask=h_mask[:, None] & (offs_s < NUM_SPLITS)[None, :],
-        other=float("-inf"), cache_modifier=".cg",
-    )  # fmt: skip
-    lse_max = tl.max(all_lse, 1)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # every split empty: output 0
-    acc = tl.zeros([heads.shape[0], offs_d.shape[0]], dtype=tl.float32)
-    total = tl.zeros([heads.shape[0]], dtype=tl.float32)
-    o_mask = h_mask[:, None] & d_mask[None, :]
-    for s in range(NUM_SPLITS):
-        weight = tl.exp2(tl.load(lse_base + s, mask=h_mask, other=float("-inf"), cache_modifier=".cg") - lse_max)
-        part_ptrs = mid_o_ptr + req * stride_mob + heads[:, None] * stride_moh + s * stride_mos + offs_d[None, :]
-        acc += weight[:, None] * tl.load(part_ptrs, mask=o_mask, other=0.0, cache_modifier=".cg")
-        total += weight
-    out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
-    o_ptrs = o_ptr + req.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=o_mask)
-
-
-@triton.jit
 def _decode_split_kernel(
     q_ptr,
     k_ptr,
@@ -219,7 +174,6 @@ def _decode_split_kernel(
     rows_ptr,
     seq_lens_ptr,
     order_ptr,
-    count_ptr,
     qk_scale,
     stride_qb,
     stride_qh,
@@ -243,14 +197,10 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
     HAS_ORDER: tl.constexpr,
-    MERGE: tl.constexpr,
-    SPLITS_POW2: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Stage 1: partial attention of all q heads of one kv head over one split of the sequence.
     With a single split the partial result is the answer: it goes straight to `o` (no stage 2).
-    With MERGE the last split program of each (request, kv head) to finish merges the splits
-    itself (`kernels/arrival.py`), and stage 2 is not launched either.
 
     Programs start in grid order, KV heads fastest, and with HAS_ORDER the i-th request taken is
     `order[i]`: given longest-first, the long requests start first and the GPU does not idle
@@ -301,16 +251,6 @@ def _decode_split_kernel(
     mo_ptrs = mid_o_ptr + req * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :]
     tl.store(mo_ptrs, out, mask=h_mask[:, None] & d_mask[None, :])
     tl.store(mid_lse_ptr + req * stride_mlb + heads * stride_mlh + split, lse, mask=h_mask)
-    if MERGE:
-        tl.debug_barrier()  # every thread's partial is written before the counter moves
-        counter = count_ptr + req * tl.num_programs(0) + kv_head
-        # acq_rel: releases this split's partial; the last arrival acquires all the others.
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
-            _merge_splits(
-                mid_o_ptr, mid_lse_ptr, o_ptr, req, heads, h_mask, offs_d, d_mask, stride_mob, stride_moh,
-                stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, NUM_SPLITS, SPLITS_POW2,
-            )  # fmt: skip
-            tl.store(counter, 0)  # ready for the next launch
 
 
 @triton.jit
@@ -507,7 +447,6 @@ def decode_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    merge: bool | None = None,
 ) -> torch.Tensor:
     """One query token per request, q [B, Hq, D], attending to all `seq_lens[b]` cached positions.
 
@@ -515,8 +454,7 @@ def decode_attention(
     `mid_o`/`mid_lse` may be larger than needed (static graph buffers): only [:B, :, :num_splits]
     is touched. `order` [B] int32, a permutation of the requests, is the order their programs
     start in (longest first pays: see the kernel). `block_n`/`num_warps`/`num_stages` override the
-    tuned launch (sweeps). `merge`: several splits are merged by their last program instead of a
-    second kernel (default: MINISGL_FUSED_SPLIT_MERGE, on).
+    tuned launch (sweeps).
     """
     num_heads, num_kv_heads, head_dim = _check_layout(q, k_cache, v_cache)
     assert 1 <= num_splits
@@ -533,13 +471,9 @@ def decode_attention(
     block_d = _block_d(head_dim)
     block_n = block_n or (16 if _SMALL_BLOCKS else 32 if head_dim > 128 else 64)
     assert order is None or order.shape[0] >= batch_size
-    if merge is None:
-        merge = ENV.fused_split_merge
-    merge = merge and num_splits > 1 and batch_size * num_kv_heads <= NUM_COUNTERS
     _decode_split_kernel[(num_kv_heads, batch_size, num_splits)](
         q, k_cache, v_cache, mid_o, mid_lse, out,
         token_table, rows, seq_lens, order if order is not None else rows,
-        arrival_counters(q.device) if merge else rows,
         sm_scale * _LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
@@ -552,8 +486,6 @@ def decode_attention(
         BLOCK_N=block_n,
         PRECISION=_precision(q.dtype),
         HAS_ORDER=order is not None,
-        MERGE=merge,
-        SPLITS_POW2=triton.next_power_of_2(num_splits),
         # H200 sweep of uniform lengths: 2 warps best or tied from batch 1 to 256 (4 warps up to 10%
         # slower at D 64, 8 warps up to 60% slower); wider heads get 4 to keep tiles in registers.
         num_warps=num_warps or (2 if head_dim <= 128 else 4),
@@ -563,7 +495,7 @@ def decode_attention(
         num_stages=num_stages or (2 if num_splits == 1 else 3),
         **pdl_args(q.device),
     )  # fmt: skip
-    if num_splits == 1 or merge:
+    if num_splits == 1:
         return out
     _decode_reduce_kernel[(batch_size, num_heads)](
         mid_o, mid_lse, out,

@@ -381,3 +381,15 @@ def test_store_kv_matches_ref(num_kv_heads: int, head_dim: int) -> None:
     store_kv(kv[:, 0], kv[:, 1], caches[0], caches[1], out_loc)
     store_kv_ref(kv[:, 0], kv[:, 1], caches[2], caches[3], out_loc)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+def test_extend_block_order_changes_nothing() -> None:
+    """Query blocks launched last first (the default) or in position order: the same output, bit
+    for bit (each block writes its own rows)."""
+    case = build_case([3, 0, 50], [7, 70, 2], 4, 2, 64, 16, torch.float32, seed=8)
+    args = (case.q, case.k_cache, case.v_cache, case.token_table, case.rows, case.seq_lens,
+            case.extend_lens, case.extend_starts, 0.125)  # fmt: skip
+    first = extend_attention(*args, max_extend_len=70, block_m=16, block_n=16)
+    second = extend_attention(*args, max_extend_len=70, block_m=16, block_n=16, last_blocks_first=False)
+    assert torch.equal(first, second)
+    assert_close(first, extend_attention_ref(*args), torch.float32)
