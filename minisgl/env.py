@@ -33,7 +33,7 @@ class Env:
     cpu_attn_kernel: bool
     default_dtype: str | None
     fold_norms: bool
-    triton_gemm: str
+    triton_gemm: bool
 
     @staticmethod
     def read() -> "Env":
@@ -59,11 +59,9 @@ class Env:
             # Fold the RMSNorm weights into the qkv/gate_up projections where the Triton kernels
             # finish the norms (models/llama.py: DecoderLayer.forward_folded); 0: off.
             fold_norms=_bool("MINISGL_FOLD_NORMS", True),
-            # Which GEMMs on CUDA may take the split-K Triton kernel where it measured faster than
-            # cuBLAS (kernels/gemm.py: small decode batches): "residual" (o_proj/down_proj with the
-            # folded-norm layer's residual add), "all" (also the column-parallel projections) or
-            # "0" (cuBLAS only).
-            triton_gemm=os.environ.get("MINISGL_TRITON_GEMM", "residual").lower(),
+            # The split-K Triton GEMM for o_proj/down_proj of the folded-norm layer where it measured
+            # faster than cuBLAS (kernels/gemm.py: small decode batches); 0: cuBLAS only.
+            triton_gemm=_bool("MINISGL_TRITON_GEMM", True),
         )
 
 

@@ -69,10 +69,9 @@ if has bench; then
     bench qwen3-0.6b-nograph 90 $W --cuda-graph-max-bs 0
 fi
 has main && bench qwen3-0.6b 110 $W  # the headline run alone
-if has gemmab; then  # the split-K Triton GEMM (kernels/gemm.py): off / residual GEMMs / all, and cuBLASLt
+if has gemmab; then  # the split-K Triton GEMM where it pays (default) vs cuBLAS only, and cuBLASLt
     MINISGL_TRITON_GEMM=0 bench qwen3-0.6b-cublas 110 $W
-    MINISGL_TRITON_GEMM=residual bench qwen3-0.6b-tgemm-res 110 $W
-    MINISGL_TRITON_GEMM=all bench qwen3-0.6b-tgemm-all 110 $W
+    bench qwen3-0.6b-tgemm 110 $W
     MINISGL_TRITON_GEMM=0 TORCH_BLAS_PREFER_CUBLASLT=1 bench qwen3-0.6b-cublaslt 110 $W
 fi
 if has bs1ab; then  # bs=1 decode: cuBLAS only vs the split-K Triton GEMM where it pays

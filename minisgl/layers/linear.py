@@ -33,16 +33,10 @@ def select_linear(weight: torch.Tensor) -> LinearFn:
     return F.linear
 
 
-def _triton_gemm(x: torch.Tensor, weight: torch.Tensor, use: str) -> bool:
-    """Whether this call takes the split-K Triton GEMM (`kernels/gemm.py`): CUDA, a shape and
-    row count where it measured faster than cuBLAS, and MINISGL_TRITON_GEMM naming this use."""
-    return x.is_cuda and ENV.triton_gemm in (use, "all") and gemm.pays(x, weight)
-
-
 def add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """residual += x @ weight.T, in place (no bias, one rank), in the GEMM's epilogue: the
     split-K kernel at decode sizes, else cuBLAS's beta = 1. Returns `residual`."""
-    if _triton_gemm(x, weight, "residual"):
+    if x.is_cuda and ENV.triton_gemm and gemm.pays(x, weight):  # a shape and row count it measured faster
         return gemm.splitk_gemm(x, weight, residual=residual, out=residual)
     return residual.addmm_(x, weight.t())
 
@@ -74,8 +68,6 @@ class ColumnParallelLinear(nn.Module):
         _copy(param, loaded.narrow(0, self.tp_rank * self.out_per_rank, self.out_per_rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.bias is None and _triton_gemm(x, self.weight, "all"):
-            return gemm.splitk_gemm(x, self.weight)
         return self._linear(x, self.weight, self.bias)
 
 
