@@ -55,7 +55,8 @@ def main() -> None:
                 for label, fn in variants.items():
                     calls = [lambda i=i, fn=fn: fn(weights[i]) for i in range(CALLS)]
                     us = graph_us(calls)
-                    print(f"{backend:>8} {name:>4} M={M:>3} {label:>13} {us:6.2f} us | {kernels_per_call(calls)}", flush=True)
+                    kernels = kernels_per_call(calls)
+                    print(f"{backend:>8} {name:>4} M={M:>3} {label:>13} {us:6.2f} us | {kernels}", flush=True)
             del weights
 
 

@@ -132,7 +132,8 @@ def layout(num_pages: int, dev: torch.device) -> None:
         order = torch.tensor(sorted(range(bs), key=lens.__getitem__, reverse=True), device=dev, dtype=torch.int32)
         splits0 = decode_num_splits(bs, HKV, D, None, dev)
         for name, (k, v) in caches.items():
-            for splits, blk, stages in ((splits0, 64, None), (splits0, 32, None), (splits0, 64, 4), (splits0 * 2, 64, None)):
+            launches = ((splits0, 64, None), (splits0, 32, None), (splits0, 64, 4), (splits0 * 2, 64, None))
+            for splits, blk, stages in launches:
                 us = bench(lambda: decode_attention(q, k, v, table, rows, seq_lens, 0.088, num_splits=splits, out=out,
                                                     order=order, block_n=blk, num_stages=stages))  # fmt: skip
                 print(f"{step:>4} {bs:>4} {name:>12} {splits:>6} {blk:>4} {stages or '-':>2} {us:>8.1f} "

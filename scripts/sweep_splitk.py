@@ -33,7 +33,13 @@ from sweep_gemm import CALLS, ROTATE_BYTES, graph_us  # noqa: E402  (same direct
 
 from minisgl.kernels.gemm import GemmConfig, default_config, splitk_gemm  # noqa: E402
 
-SHAPES = {"qkv": (4096, 1024, False), "o": (1024, 2048, True), "gate_up": (6144, 1024, False), "down": (1024, 3072, True)}
+# name: (N, K, adds the residual)
+SHAPES = {
+    "qkv": (4096, 1024, False),
+    "o": (1024, 2048, True),
+    "gate_up": (6144, 1024, False),
+    "down": (1024, 3072, True),
+}
 BATCHES = (1, 16, 32, 64, 96, 128, 160, 192, 256)
 
 
@@ -140,7 +146,7 @@ def main(shapes: list[str], batches: list[int], jobs: int) -> None:
             row += f" | best {best[0]:6.2f} [{best[2]}] x{base / best[0]:.2f}"
             rows[name, M] = (base, default[0] if default else float("nan"), best[0], best[2])
         print(row, flush=True)
-    print("== per layer (" + " + ".join(shapes) + "), us: cuBLAS | Triton default | best of Triton and cuBLAS per shape")
+    print(f"== per layer ({' + '.join(shapes)}), us: cuBLAS | Triton default | best of Triton and cuBLAS per shape")
     for M in batches:
         if all((n, M) in rows for n in shapes):
             cublas = sum(rows[n, M][0] for n in shapes)
@@ -179,6 +185,7 @@ if __name__ == "__main__":
     if not torch.cuda.is_available():
         self_check()
     elif args.compile_only:
-        compile_only(shape_list, batch_list, args.part, args.jobs, torch.cuda.get_device_properties(0).multi_processor_count)
+        sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+        compile_only(shape_list, batch_list, args.part, args.jobs, sm_count)
     else:
         main(shape_list, batch_list, args.jobs)
