@@ -26,7 +26,7 @@ from minisgl.kernels.attention import (
 )
 from minisgl.kernels.store_kv import store_kv
 from minisgl.kvcache.pool import KVPool
-from minisgl.utils.transfer import upload
+from minisgl.utils.transfer import StagingRing, upload
 
 
 @dataclass(slots=True)
@@ -71,10 +71,8 @@ class _GraphBuffers:
     # splits(bs) falls as bs grows, so the largest bs * splits(bs) bounds it (a few MB).
     mid_o: torch.Tensor
     mid_lse: torch.Tensor
-    # Staging for `order`: two [max_bs] int32 host buffers (pinned on CUDA) used in turn, as
-    # utils.transfer.StagingRing: a replay's copy may be in flight while the next one is staged.
-    order_host: tuple[torch.Tensor, torch.Tensor]
-    turn: int = 0
+    # Host staging for `order` (int32): a replay's copy may be in flight while the next is staged.
+    order_host: StagingRing
     token_table_ptr: int | None = None  # the table captured graphs read; it must stay the same tensor
 
 
@@ -190,9 +188,7 @@ class TritonAttnBackend(BaseAttnBackend):
             order=torch.arange(max_bs, dtype=torch.int32, device=self.device),
             mid_o=torch.empty(capacity * self.num_heads * self.head_dim, dtype=torch.float32, device=self.device),
             mid_lse=torch.empty(capacity * self.num_heads, dtype=torch.float32, device=self.device),
-            order_host=tuple(  # type: ignore[arg-type]
-                torch.empty(max_bs, dtype=torch.int32, pin_memory=self.device.type == "cuda") for _ in range(2)
-            ),
+            order_host=StagingRing(pinned=self.device.type == "cuda", dtype=torch.int32),
         )
 
     def prepare_for_capture(self, batch: ForwardBatch) -> None:
@@ -226,8 +222,7 @@ class TritonAttnBackend(BaseAttnBackend):
         batch_size = batch.batch_size
         # Padding entries (any captured size may read them) follow in their own order.
         order = _longest_first(batch.seq_lens_cpu) + list(range(batch_size, graph.max_bs))
-        graph.turn ^= 1
-        host = graph.order_host[graph.turn]
+        host = graph.order_host.take(len(order))
         host.copy_(torch.frombuffer(array("i", order), dtype=torch.int32))
         graph.order.copy_(host, non_blocking=True)
 

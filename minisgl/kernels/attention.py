@@ -8,7 +8,6 @@ folded into the scores, accumulating in fp32. The plain-torch oracle is `attenti
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -16,6 +15,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
+from minisgl.kernels.impl import num_sms
 from minisgl.kernels.pdl import pdl_args
 
 _LOG2E = 1.4426950408889634
@@ -394,14 +394,6 @@ def extend_attention(
     return out
 
 
-@functools.lru_cache(maxsize=8)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).multi_processor_count)
-    # Interpreter runs: a small pretend machine, so CPU tests still exercise several splits.
-    return 4
-
-
 def decode_num_splits(
     batch_size: int, num_kv_heads: int, head_dim: int, max_seq_len: int | None, device: torch.device
 ) -> int:
@@ -413,7 +405,7 @@ def decode_num_splits(
     graphs, batches past the largest graph, the decodes of mixed steps) would otherwise compile
     a variant for nearly every count from 1 to 64 the first time it comes up, mid-run (an H200
     spent seconds of a graphs-off benchmark compiling them)."""
-    programs = _DECODE_PROGRAMS_PER_SM * _num_sms(device) * 128 // min(128, max(64, head_dim))
+    programs = _DECODE_PROGRAMS_PER_SM * num_sms(device) * 128 // min(128, max(64, head_dim))
     splits = programs // max(1, batch_size * num_kv_heads)
     if max_seq_len is not None:
         splits = min(splits, triton.cdiv(max_seq_len, _MIN_TOKENS_PER_SPLIT))

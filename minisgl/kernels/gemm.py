@@ -30,6 +30,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from minisgl.kernels.arrival import NUM_COUNTERS, arrival_counters
+from minisgl.kernels.impl import num_sms
 from minisgl.kernels.pdl import pdl_args
 
 MAX_ROWS = 256  # above this, cuBLAS (the kernel is tuned for decode batches)
@@ -120,12 +121,6 @@ def _partials(device: torch.device) -> torch.Tensor:
     return torch.empty(_WORKSPACE_FLOATS, dtype=torch.float32, device=device)
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).multi_processor_count)
-    return 4  # interpreter runs: a small pretend machine, so split-K still runs in CPU tests
-
-
 # Launches measured on an H200 (`scripts/sweep_splitk.py`, in-graph, W from HBM), per (N, K) and
 # the largest M they serve, where they beat cuBLAS's in-place addmm_: Qwen3-0.6B's o_proj and
 # down_proj. Above 64 rows cuBLAS won every swept launch (e.g. o_proj at 160 rows: 6.35 vs 7.37
@@ -154,7 +149,7 @@ def default_config(M: int, N: int, K: int, device: torch.device) -> GemmConfig:
     block_k = 128 if K % 256 == 0 else 64
     tiles = triton.cdiv(M, block_m) * (N // block_n)
     split = 1
-    while tiles * split * 2 <= _num_sms(device) and K % (block_k * split * 4) == 0:
+    while tiles * split * 2 <= num_sms(device) and K % (block_k * split * 4) == 0:
         split *= 2
     return GemmConfig(block_m, block_n, block_k, split, 4, 3)
 

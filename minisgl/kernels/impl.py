@@ -17,6 +17,15 @@ KernelImpl = Literal["auto", "triton", "cpu", "torch"]
 
 
 @functools.cache
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors that Triton launches are sized for. Interpreter runs (CPU) get a
+    small pretend machine, so that CPU tests still exercise several splits."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return 4
+
+
+@functools.cache
 def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 

@@ -18,19 +18,20 @@ def upload(values: Sequence[object], dtype: torch.dtype, device: torch.device) -
 
 
 class StagingRing:
-    """Two growable int64 host buffers used alternately (pinned on CUDA): step N+1 is staged while
-    step N's copy may still be in flight, and step N is complete before N+2 is staged."""
+    """Two growable host buffers of `dtype` used alternately (pinned on CUDA): step N+1 is staged
+    while step N's copy may still be in flight, and step N is complete before N+2 is staged."""
 
-    def __init__(self, pinned: bool) -> None:
+    def __init__(self, pinned: bool, dtype: torch.dtype = torch.int64) -> None:
         self.pinned = pinned
-        self.buffers = [torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)]
+        self.dtype = dtype
+        self.buffers = [torch.empty(0, dtype=dtype), torch.empty(0, dtype=dtype)]
         self.turn = 0
 
     def take(self, n: int) -> torch.Tensor:
         self.turn ^= 1
         if self.buffers[self.turn].numel() < n:
             size = max(n, 2 * self.buffers[self.turn].numel(), 4096)
-            self.buffers[self.turn] = torch.empty(size, dtype=torch.int64, pin_memory=self.pinned)
+            self.buffers[self.turn] = torch.empty(size, dtype=self.dtype, pin_memory=self.pinned)
         return self.buffers[self.turn][:n]
 
 

@@ -25,3 +25,10 @@ def test_upload_many_values_dtypes_and_alignment() -> None:
         dtypes = [torch.int64] * (len(parts) - tail) + [torch.int32] * tail
         assert [v.dtype for v in views] == dtypes
         assert all(v.data_ptr() % 16 == 0 for v in views)
+
+
+def test_staging_ring_keeps_its_dtype() -> None:
+    ring = StagingRing(pinned=False, dtype=torch.int32)
+    first, second = ring.take(3), ring.take(5000)
+    assert first.dtype == second.dtype == torch.int32 and second.numel() == 5000
+    assert first.data_ptr() == ring.take(2).data_ptr()  # taken in turn: the third reuses the first buffer
