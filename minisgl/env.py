@@ -14,6 +14,11 @@ def _bool(name: str, default: bool) -> bool:
     return raw.strip().lower() in ("1", "true", "yes", "on")
 
 
+def _opt_bool(name: str) -> bool | None:
+    raw = os.environ.get(name)
+    return None if raw is None or raw == "" else _bool(name, False)
+
+
 def _int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     return default if raw is None or raw == "" else int(raw)
@@ -34,6 +39,7 @@ class Env:
     default_dtype: str | None
     fold_norms: bool
     triton_gemm: bool
+    pad_eager: bool | None
 
     @staticmethod
     def read() -> "Env":
@@ -62,6 +68,9 @@ class Env:
             # The split-K Triton GEMM for o_proj/down_proj of the folded-norm layer where it measured
             # faster than cuBLAS (kernels/gemm.py: small decode batches); 0: cuBLAS only.
             triton_gemm=_bool("MINISGL_TRITON_GEMM", True),
+            # Pad eager (prefill) steps' token and logits row counts to a few sizes, so cuBLAS
+            # sees GEMM shapes it has seen before (engine/engine.py: padded_rows); unset: on CUDA.
+            pad_eager=_opt_bool("MINISGL_PAD_EAGER"),
         )
 
 

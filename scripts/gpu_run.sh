@@ -2,7 +2,7 @@
 # One call on the GPU machine: install the carried wheels, run the GPU tests, run the benchmarks,
 # print a table last. Usage (through the device tool, with carry [".whl"]):
 #   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,host,check,backend,profile,prefill,workload,sweep,main,
-#                                       ragged,attnwl,pdl,sampling,gemm,splitk,gemmab,blasab,addmm,copies,bs1ab,layout,gaps,hostprefill,ablate,bench,bench8b,moe,hf,tp (tp: two GPUs) or all
+#                                       ragged,attnwl,pdl,sampling,gemm,splitk,gemmab,blasab,addmm,copies,bs1ab,layout,gaps,timeline,hostprefill,ablate,bench,bench8b,moe,hf,tp (tp: two GPUs) or all
 # Results land in $OUT (if set) as gpu_tests.log, profile_*.txt and bench.jsonl.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +49,10 @@ has copies && timeout 150 python3 scripts/probe_copies.py 2>&1 | grep -v INFO | 
 has addmm && timeout 150 python3 scripts/probe_addmm.py 2>&1 | tee "$OUT/addmm.txt"
 has gemm && timeout 240 python3 scripts/sweep_gemm.py ${GEMM_ARGS:-} 2>&1 | tee "$OUT/gemm.txt" | tail -40
 has gaps && timeout 150 python3 scripts/trace_gaps.py configs/qwen3-0.6b 2>&1 | grep -v INFO | tee "$OUT/gaps.txt"
+if has timeline; then  # host vs GPU per step: clean, then with the host's CUDA calls profiled
+    timeout 150 python3 scripts/trace_step_timeline.py 2>&1 | grep -v INFO | tee "$OUT/timeline.txt"
+    PROFILE=${PROFILE:-2-5} timeout 150 python3 scripts/trace_step_timeline.py 2>&1 | grep -v INFO | tee "$OUT/timeline_prof.txt" | tail -22
+fi
 has hostprefill && timeout 150 python3 scripts/profile_prefill_host.py 2>&1 | grep -v INFO | tee "$OUT/hostprefill.txt" | head -45
 has workload && timeout 120 python3 scripts/profile_workload.py configs/qwen3-0.6b 2>&1 | grep -v INFO | tee "$OUT/workload.txt"
 if has profile; then

@@ -17,7 +17,7 @@ from minisgl.attention.base import BaseAttnBackend
 from minisgl.attention.batch import ForwardBatch
 from minisgl.attention.registry import ATTN_BACKENDS, select_attn_backend
 from minisgl.core import Req, SamplingParams
-from minisgl.engine.graph import Runner
+from minisgl.engine.graph import Runner, padded_rows
 from minisgl.distributed import TPInfo, get_tp_info, set_tp_info
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.grammar import GrammarState, bitmask_width
@@ -209,6 +209,7 @@ class Engine:
         self._token_staging = StagingRing(self.platform.pin_memory)
         self._events = [self.platform.new_event(), self.platform.new_event()]
         self._step_parity = 0
+        self.pad_eager = self.platform.name == "cuda" if ENV.pad_eager is None else ENV.pad_eager
         self.runner = self._make_runner()
         if self.platform.name == "cuda":  # compiled kernels only (the CPU interpreter compiles nothing)
             self.attn_backend.warmup(self.token_table, self.scratch_row)
@@ -270,10 +271,11 @@ class Engine:
         built = self._build(plan, prev)
         return built.batch, built.sampled
 
-    def _build(self, plan: StepPlan, prev: LaunchedStep | None) -> "_Built":
+    def _build(self, plan: StepPlan, prev: LaunchedStep | None, pad: bool = False) -> "_Built":
         """As `build_batch`; the logits rows are the sampled tokens, then the prompt-logprob rows
         (every prompt position of this step whose next token is also a prompt token, for the
-        requests that asked for prompt logprobs)."""
+        requests that asked for prompt logprobs). With `pad`, an eager (non-decode) batch gets
+        padding tokens and logits rows up to `padded_rows` (`_Built.num_logits`: the real rows)."""
         input_ids: list[int] = []
         positions: list[int] = []
         rows_per_token: list[int] = []
@@ -309,14 +311,28 @@ class Engine:
                 sample_idx.append(len(input_ids) - 1)
                 sampled.append(req)
         assert len(plan.out_loc) == len(input_ids)
+        # Decode (the graph path) only when every token is a request's sampled token, in order.
+        decode = len(input_ids) == len(ext_lens) == len(sample_idx) and not prompt_idx
+        out_loc_list = plan.out_loc
+        logits_idx = sample_idx + prompt_idx
+        num_logits = len(logits_idx)
+        if pad and not decode:
+            # Padding tokens: token 0 at position 0 of the scratch row, KV to the scratch slot; no
+            # request's attention covers them, and every op but attention works row by row.
+            pad = padded_rows(len(input_ids)) - len(input_ids)
+            input_ids = input_ids + [0] * pad
+            rows_per_token = rows_per_token + [self.scratch_row] * pad
+            positions = positions + [0] * pad
+            out_loc_list = out_loc_list + [self.pool.scratch_slot] * pad
+            logits_idx = logits_idx + logits_idx[-1:] * (padded_rows(num_logits) - num_logits)
         dst, src = [t for t, _ in plan.from_prev], [j for _, j in plan.from_prev]
         # The token-table entries are this step's tokens, then the plan's extra ones: `positions`
         # is the head of the table positions.
         (ids_t, table_rows, table_pos, sample_t, dst_t, src_t, targets_t, out_loc, rows_t,
          seq_t, ext_t, starts_t, table_slots) = upload_many(self._staging, self.device, [
             input_ids, rows_per_token + plan.table_rows, positions + plan.table_pos,
-            sample_idx + prompt_idx, dst, src, prompt_targets, plan.out_loc, rows,
-            seq_lens, ext_lens, starts, plan.out_loc + plan.table_slots,
+            logits_idx, dst, src, prompt_targets, out_loc_list, rows,
+            seq_lens, ext_lens, starts, out_loc_list + plan.table_slots,
         ], int32_tail=4)  # fmt: skip
         pos_t = table_pos[: len(positions)]
         if dst:
@@ -328,8 +344,6 @@ class Engine:
                 ids_t = ids_t.clone()
                 ids_t[dst_t] = prev.tokens[src_t]
         self.token_table[table_rows, table_pos] = table_slots
-        # Decode (the graph path) only when every token is a request's sampled token, in order.
-        decode = len(input_ids) == len(ext_lens) == len(sample_idx) and not prompt_idx
         batch = ForwardBatch(
             phase="decode" if decode else "extend",
             input_ids=ids_t,
@@ -344,7 +358,7 @@ class Engine:
             extend_lens_cpu=ext_lens,
             sample_idx=sample_t,
         )
-        return _Built(batch, sampled, prompt_chunks, targets_t)
+        return _Built(batch, sampled, prompt_chunks, targets_t, num_logits)
 
     @torch.inference_mode()
     def forward_logits(self, batch: ForwardBatch) -> torch.Tensor:
@@ -358,9 +372,9 @@ class Engine:
         `prev` is the step still in flight whose sampled tokens this plan reads (`plan.from_prev`)."""
         if plan.released_rids:
             self.penalties.release(plan.released_rids)
-        built = self._build(plan, prev)
+        built = self._build(plan, prev, pad=self.pad_eager)
         sampled = built.sampled
-        logits = self.forward_logits(built.batch)
+        logits = self.forward_logits(built.batch)[: built.num_logits]
         num_sampled = len(sampled)
         prompt_lp = None
         if built.prompt_chunks:
@@ -425,6 +439,7 @@ class _Built(NamedTuple):
     sampled: list[Req]
     prompt_chunks: list[PromptChunk]
     prompt_targets: torch.Tensor  # [sum of chunk counts] int64 on the device
+    num_logits: int  # logits rows before padding: the sampled tokens, then the prompt-logprob rows
 
 
 def _chunked_logprobs(logits: torch.Tensor, targets: torch.Tensor, top_k: int, rows: int = 1024) -> TokenLogprobs:

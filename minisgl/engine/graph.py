@@ -45,6 +45,21 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
     return sizes
 
 
+def padded_rows(n: int) -> int:
+    """The row count an eager step pads `n` (tokens, or logits rows) to: a power of two up to 8,
+    a multiple of 16 up to 1024 (the graph sizes up to there), then a multiple of n's top power of
+    two / 64 (at most 1.6 % more rows). cuBLAS spends ~0.3-4 ms of host time on a GEMM shape it
+    has not run before (its heuristics, and loading the kernel it picks), against ~30 us for one it
+    has; an eager prefill step, whose row counts would otherwise be new every step, then stalls
+    the GPU (scripts/probe_gemm_host.py)."""
+    if n <= 8:
+        return 1 << (n - 1).bit_length() if n else 0
+    if n <= 1024:
+        return -(-n // 16) * 16
+    step = 1 << (n.bit_length() - 7)
+    return -(-n // step) * step
+
+
 class GraphRunner:
     def __init__(
         self,

@@ -69,7 +69,7 @@ class LLM:
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             return list(self.tokenizer.encode(prompt, add_special_tokens=True))
-        return [int(t) for t in prompt]
+        return list(map(int, prompt))
 
     def apply_chat_template(self, messages: list[Message], **template_kwargs: Any) -> list[int]:
         text = self.tokenizer.apply_chat_template(

@@ -367,8 +367,12 @@ class Scheduler:
                 from_prev.append((len(out_loc) + req.extend_len - 1, pending[id(req)]))
             if end - begin == 1:
                 out_loc.append(pages[begin // ps] * ps + begin % ps)
-            else:
-                out_loc.extend(pages[p // ps] * ps + p % ps for p in range(begin, end))
+            elif ps == 1:
+                out_loc.extend(pages[begin:end])
+            else:  # a page's slots at a time (prefill chunks: thousands of tokens)
+                for i in range(begin // ps, (end - 1) // ps + 1):
+                    base = pages[i] * ps
+                    out_loc.extend(range(base + max(begin - i * ps, 0), base + min(end - i * ps, ps)))
         released, self._released = self._released, []
         return StepPlan(reqs, out_loc, rows, pos, slots, from_prev, self.grammars, released, bool(self._controlled_rids))
 

@@ -1,0 +1,80 @@
+"""Padded eager steps (`MINISGL_PAD_EAGER`, on by default on CUDA): an eager (prefill or mixed)
+step's token count and logits rows are padded to `padded_rows`, so cuBLAS sees GEMM shapes it has
+run before. The padding must not change any request's output, and must really happen."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+import minisgl.engine.engine as engine_module
+from minisgl import LLM, SamplingParams
+from minisgl.engine.graph import graph_batch_sizes, padded_rows
+from minisgl.kernels.impl import triton_installed
+from tests.tiny_models import make_tiny_model
+
+
+def test_padded_rows_sizes() -> None:
+    previous = 0
+    for n in range(0, 70_000):
+        p = padded_rows(n)
+        assert p >= n and p >= previous
+        if n > 1024:
+            assert p <= n * (1 + 1 / 64)
+        previous = p
+    # Up to the graph sizes, an eager step's logits rows land on a captured batch size.
+    sizes = set(graph_batch_sizes(256))
+    assert all(padded_rows(n) in sizes for n in range(1, 257))
+    # Few distinct shapes: a 16k-token prefill step with up to 256 decodes riding along has one.
+    assert len({padded_rows(n) for n in range(16_385, 16_385 + 256)}) == 1
+
+
+def _generate(path, attn: str, pad: bool, monkeypatch, token_counts: list[int] | None = None) -> list[dict]:
+    monkeypatch.setattr(engine_module, "ENV", dataclasses.replace(engine_module.ENV, pad_eager=pad))
+    llm = LLM(str(path), device="cpu", attn=attn, page_size=4, num_pages=256, max_prefill_tokens=40)
+    if token_counts is not None:  # record (tokens in the batch, tokens the requests extend) per step
+        runner = llm.engine.runner
+        run = runner.run
+
+        def spy(batch):
+            token_counts.append((batch.num_tokens, sum(batch.extend_lens_cpu), int(batch.sample_idx.numel())))
+            return run(batch)
+
+        runner.run = spy
+    rng = random.Random(7)
+    prompts = [[rng.randrange(512) for _ in range(n)] for n in (5, 23, 61, 2)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=2),
+        SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, logprobs=1),
+        SamplingParams(temperature=0.8, max_tokens=7, ignore_eos=True, seed=3),
+    ]
+    results = llm.generate(prompts, params, use_tqdm=False)
+    llm.scheduler.check_idle_invariants()
+    return results
+
+
+@pytest.mark.parametrize("attn", ["torch", "triton"])
+def test_padding_changes_no_output(tmp_path, attn, monkeypatch) -> None:
+    if attn == "triton" and not triton_installed():
+        pytest.skip("needs triton (interpreted on CPU)")
+    make_tiny_model("qwen3", tmp_path)
+    counts: list[tuple[int, int, int]] = []
+    padded = _generate(tmp_path, attn, True, monkeypatch, counts)
+    plain = _generate(tmp_path, attn, False, monkeypatch)
+    # Padding happened: eager steps ran more tokens than the requests extend, on padded_rows sizes.
+    eager = [(t, n, s) for t, n, s in counts if t != n or n != s]
+    assert any(t > n for t, n, _ in eager)
+    assert all(t == padded_rows(n) and s == padded_rows(s) for t, n, s in eager)
+    for got, want in zip(padded, plain):
+        assert got["token_ids"] == want["token_ids"]
+        for key in ("logprobs", "prompt_logprobs"):
+            if want[key] is not None:
+                assert len(got[key]) == len(want[key])
+                for a, b in zip(got[key], want[key]):
+                    assert (a is None) == (b is None)
+                    if a is not None:
+                        assert a[0] == pytest.approx(b[0], abs=1e-5)
+                        assert [t for t, _ in a[1]] == [t for t, _ in b[1]]
