@@ -9,8 +9,10 @@ split or more, programs in batch order or longest first. `--workload`: the offli
 decode batches at a few steps, default launch against a sweep. `--layout`: the same batches with the
 pool token-major ([slots, Hkv, D], the engine's) against head-major ([Hkv, slots, D] seen through a
 permuted view: each head's page is one contiguous 4 KB run). `--extend`: the extend kernel on a
-16k-token chunk of fresh prompts of the workload's lengths, query blocks launched last first
-(default) or in position order."""
+16k-token chunk of fresh prompts of the workload's lengths, at a few launch shapes. `--readbw`: what this GPU reads at best (a streaming read of
+a 4 GB buffer, torch's sum and a Triton kernel); then, on the workload's decode batches, pure reads of
+their K/V through the token table as the attention's programs (one per request and KV head) and
+as one program per request and split reading whole token rows (all KV heads: 2 KB runs)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import sys
 
 import torch
 import triton
+import triton.language as tl
 
 from minisgl.kernels.attention import decode_attention, decode_num_splits, extend_attention
 
@@ -89,12 +92,18 @@ def workload(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
                   f"{nbytes / us / 1e6:>6.2f} {tag}")  # fmt: skip
 
 
+# The extend kernel's launches tried on the workload's chunks (block_m, block_n, warps, stages); the
+# first is the tuned default.
+EXTEND_LAUNCHES = [(64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 8, 2), (128, 128, 8, 2),
+                   (64, 128, 4, 2), (64, 32, 4, 3), (128, 32, 8, 3), (64, 64, 4, 4), (64, 64, 8, 3)]
+
+
 def extend(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
     """One prefill chunk as the offline workload's first steps have: fresh prompts, lengths
-    uniform in [100, 1024], up to 16k tokens; the extend kernel in both block orders."""
+    uniform in [100, 1024], up to 16k tokens; the extend kernel at EXTEND_LAUNCHES."""
     dev = k.device
     gen = torch.Generator().manual_seed(0)
-    print(f"{'chunk':>5} {'reqs':>4} {'tokens':>7} {'order':>18} {'us':>8} {'TFLOP/s':>8}")
+    print(f"{'chunk':>5} {'reqs':>4} {'tokens':>7} {'launch':>18} {'us':>8} {'TFLOP/s':>8}")
     for chunk in range(3):
         lens: list[int] = []
         while sum(lens) < 16384 - 1024:
@@ -104,10 +113,15 @@ def extend(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
         starts = torch.tensor([sum(lens[:i]) for i in range(len(lens))], device=dev, dtype=torch.int32)
         q = torch.randn(sum(lens), HQ, D, device=dev, dtype=torch.bfloat16)
         flops = sum(4 * n * (n + 1) / 2 * D * HQ for n in lens)
-        for last_first in (True, False):
-            us = bench(lambda: extend_attention(q, k, v, table, rows, seq_lens, extend_lens, starts, 0.088,
-                                                max_extend_len=max(lens), last_blocks_first=last_first))  # fmt: skip
-            name = "last blocks first" if last_first else "position order"
+        for bm, bn, warps, stages in EXTEND_LAUNCHES:
+            try:
+                us = bench(lambda: extend_attention(q, k, v, table, rows, seq_lens, extend_lens, starts, 0.088,
+                                                    max_extend_len=max(lens), block_m=bm, block_n=bn,
+                                                    num_warps=warps, num_stages=stages))  # fmt: skip
+            except Exception as exc:  # out of shared memory
+                print(f"  skip {bm}x{bn} w{warps} s{stages}: {type(exc).__name__}")
+                continue
+            name = f"{bm}x{bn} w{warps} s{stages}"
             print(f"{chunk:>5} {len(lens):>4} {sum(lens):>7} {name:>18} {us:>8.1f} {flops / us / 1e6:>8.1f}")
 
 
@@ -140,6 +154,103 @@ def layout(num_pages: int, dev: torch.device) -> None:
                       f"{nbytes / us / 1e6:>6.2f}")  # fmt: skip
 
 
+@triton.jit
+def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    """Each program sums ITERS consecutive blocks (grid-strided over programs) of x: a pure read."""
+    pid = tl.program_id(0)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in range(ITERS):
+        offs = (i * tl.num_programs(0) + pid).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + pid, tl.sum(acc))
+
+
+@triton.jit
+def _gather_head_kernel(k_ptr, v_ptr, out_ptr, table_ptr, seq_lens_ptr, order_ptr, stride_table,
+                        HKV: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Read one (request, KV head)'s K and V through the token table, as the decode attention does."""
+    head = tl.program_id(0)
+    req = tl.load(order_ptr + tl.program_id(1))
+    seq_len = tl.load(seq_lens_ptr + req)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    acc = tl.zeros([D], dtype=tl.float32)
+    for start in range(0, seq_len, BLOCK_N):
+        mask = start + offs_n < seq_len
+        slots = tl.load(table_ptr + req.to(tl.int64) * stride_table + start + offs_n, mask=mask, other=0).to(tl.int64)
+        offs = (slots * HKV + head)[:, None] * D + offs_d[None, :]
+        k = tl.load(k_ptr + offs, mask=mask[:, None], other=0.0)
+        v = tl.load(v_ptr + offs, mask=mask[:, None], other=0.0)
+        acc += tl.sum(k.to(tl.float32) + v.to(tl.float32), axis=0)
+    tl.store(out_ptr + (req * HKV + head) * D + offs_d, acc)
+
+
+@triton.jit
+def _gather_row_kernel(k_ptr, v_ptr, out_ptr, table_ptr, seq_lens_ptr, order_ptr, stride_table,
+                       HKV: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+    """Read one request's split of K and V, whole token rows (all KV heads) at a time."""
+    split = tl.program_id(0)
+    req = tl.load(order_ptr + tl.program_id(1))
+    seq_len = tl.load(seq_lens_ptr + req)
+    split_len = tl.cdiv(tl.cdiv(seq_len, SPLITS), BLOCK_N) * BLOCK_N
+    begin = split * split_len
+    end = tl.minimum(begin + split_len, seq_len)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_c = tl.arange(0, HKV * D)
+    acc = tl.zeros([HKV * D], dtype=tl.float32)
+    for start in range(begin, end, BLOCK_N):
+        mask = start + offs_n < end
+        slots = tl.load(table_ptr + req.to(tl.int64) * stride_table + start + offs_n, mask=mask, other=0).to(tl.int64)
+        offs = slots[:, None] * (HKV * D) + offs_c[None, :]
+        k = tl.load(k_ptr + offs, mask=mask[:, None], other=0.0)
+        v = tl.load(v_ptr + offs, mask=mask[:, None], other=0.0)
+        acc += tl.sum(k.to(tl.float32) + v.to(tl.float32), axis=0)
+    tl.store(out_ptr + (req * SPLITS + split) * (HKV * D) + offs_c, acc)
+
+
+def gatherbw(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
+    from minisgl.bench.offline import build_parser, make_workload
+
+    args = build_parser().parse_args("--model configs/qwen3-0.6b --num-seqs 256 --min-input 100 --max-input 1024 "
+                                     "--min-output 100 --max-output 1024 --seed 0".split())  # fmt: skip
+    prompts, outputs = make_workload(args)
+    dev = k.device
+    for step in (50, 390, 800):
+        lens = [len(p) + step + 1 for p, n in zip(prompts, outputs) if n > step]
+        bs = len(lens)
+        table, rows, seq_lens, q, out, nbytes = make_batch(lens, num_pages, dev)
+        order = torch.tensor(sorted(range(bs), key=lens.__getitem__, reverse=True), device=dev, dtype=torch.int32)
+        splits0 = decode_num_splits(bs, HKV, D, None, dev)
+        us = bench(lambda: decode_attention(q, k, v, table, rows, seq_lens, 0.088, num_splits=splits0, out=out, order=order))
+        print(f"step {step} bs {bs}: attention {us:.1f} us {nbytes / us / 1e6:.2f} TB/s")
+        res = torch.empty(bs * HKV * D * 64, device=dev, dtype=torch.float32)
+        for blk, warps, stages in itertools.product((32, 64, 128), (2, 4, 8), (1, 2, 3)):
+            try:
+                us = bench(lambda: _gather_head_kernel[(HKV, bs)](k, v, res, table, seq_lens, order, table.stride(0),
+                           HKV=HKV, D=D, BLOCK_N=blk, num_warps=warps, num_stages=stages))  # fmt: skip
+                print(f"   per head  blk {blk:>3} w {warps} st {stages}: {us:7.1f} us {nbytes / us / 1e6:.2f} TB/s")
+            except Exception as exc:
+                print(f"   per head  blk {blk} w {warps} st {stages}: {type(exc).__name__}")
+        for blk, warps, stages, splits in itertools.product((8, 16, 32), (4, 8), (1, 2, 3), (4, 8)):
+            try:
+                us = bench(lambda: _gather_row_kernel[(splits, bs)](k, v, res, table, seq_lens, order, table.stride(0),
+                           HKV=HKV, D=D, BLOCK_N=blk, SPLITS=splits, num_warps=warps, num_stages=stages))  # fmt: skip
+                print(f"   row split {splits} blk {blk:>3} w {warps} st {stages}: {us:7.1f} us {nbytes / us / 1e6:.2f} TB/s")
+            except Exception as exc:
+                print(f"   row split {splits} blk {blk} w {warps} st {stages}: {type(exc).__name__}")
+
+
+def readbw(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
+    x = k.view(-1)
+    n = x.numel()
+    print(f"buffer {x.numel() * 2 / 1e9:.1f} GB: torch sum {x.numel() * 2 / bench(lambda: x.sum()) / 1e6:.2f} TB/s")
+    for block, warps, programs in itertools.product((2048, 4096, 8192), (4, 8), (132 * 4, 132 * 8, 132 * 16)):
+        iters = triton.cdiv(n, block * programs)
+        out = torch.empty(programs, device=k.device, dtype=torch.float32)
+        us = bench(lambda: _read_kernel[(programs,)](x, out, n, BLOCK=block, ITERS=iters, num_warps=warps))
+        print(f"triton read block {block:>5} warps {warps} programs {programs:>5}: {n * 2 / us / 1e6:.2f} TB/s")
+
+
 def main() -> None:
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -157,6 +268,12 @@ def main() -> None:
         return
     if "--extend" in sys.argv:
         extend(k, v, num_pages)
+        return
+    if "--readbw" in sys.argv:
+        readbw(k, v, num_pages)
+        return
+    if "--gatherbw" in sys.argv:
+        gatherbw(k, v, num_pages)
         return
     print(f"{'bs':>4} {'ctx':>5} {'splits':>6} {'blk':>4} {'w':>2} {'st':>2} {'us':>8} {'TB/s':>6}")
     for bs, ctx in SHAPES:

@@ -115,6 +115,19 @@ def main() -> None:
         prev_end = g_end
     print(f"first {min(show, len(rows))} steps: GPU idle between steps {idle_shown:.1f} ms; "
           f"whole run: {len(rows)} steps, {wall:.0f} ms, GPU idle between steps {idle_total:.1f} ms")
+    bands: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for r in rows:
+        reqs, tokens = r.get("reqs", 0), r.get("tokens", 0)
+        band = "prefill" if tokens > reqs else next(
+            f"decode {lo}-{hi}" for lo, hi in ((1, 8), (9, 32), (33, 64), (65, 128), (129, 192), (193, 10**6))
+            if lo <= reqs <= hi)  # fmt: skip
+        b = bands[band]
+        b[0] += 1
+        b[1] += base.elapsed_time(r["ev_end"]) - base.elapsed_time(r["ev_start"])
+        b[2] += reqs if tokens == reqs else 0
+    print("by step kind (requests in the step): steps, GPU ms, ms per step, output tokens")
+    for band, (n, ms, toks) in sorted(bands.items()):
+        print(f"   {band:16} {n:>5} {ms:9.1f} {ms / n:7.2f} {int(toks):>8}")
     if "path" in prof:
         runtime_calls(prof["path"], f"steps {first}-{last}")
 

@@ -357,12 +357,15 @@ def extend_attention(
     block_m: int | None = None,
     block_n: int | None = None,
     last_blocks_first: bool = True,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens q [T, Hq, D] over the paged cache [slots, Hkv, D].
 
     `max_extend_len` (from the host-side lengths) sizes the grid; block sizes are overridable so
     tests can cross block boundaries with small shapes. `last_blocks_first=False` launches the
-    query blocks in position order instead (sweeps).
+    query blocks in position order instead, and `num_warps`/`num_stages` override the tuned
+    launch (sweeps).
     """
     num_heads, num_kv_heads, head_dim = _check_layout(q, k_cache, v_cache)
     if out is None:
@@ -387,8 +390,8 @@ def extend_attention(
         BLOCK_N=block_n,
         PRECISION=_precision(q.dtype),
         LAST_BLOCKS_FIRST=last_blocks_first,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        num_warps=num_warps or config.num_warps,
+        num_stages=num_stages or config.num_stages,
         **pdl_args(q.device),
     )  # fmt: skip
     return out

@@ -8,6 +8,7 @@ import dataclasses
 import random
 
 import pytest
+import torch
 
 import minisgl.engine.engine as engine_module
 from minisgl import LLM, SamplingParams
@@ -31,9 +32,9 @@ def test_padded_rows_sizes() -> None:
     assert len({padded_rows(n) for n in range(16_385, 16_385 + 256)}) == 1
 
 
-def _generate(path, attn: str, pad: bool, monkeypatch, token_counts: list[int] | None = None) -> list[dict]:
+def _generate(path, attn: str, pad: bool, monkeypatch, token_counts: list | None = None, device: str = "cpu") -> list[dict]:
     monkeypatch.setattr(engine_module, "ENV", dataclasses.replace(engine_module.ENV, pad_eager=pad))
-    llm = LLM(str(path), device="cpu", attn=attn, page_size=4, num_pages=256, max_prefill_tokens=40)
+    llm = LLM(str(path), device=device, attn=attn, page_size=4, num_pages=256, max_prefill_tokens=40)
     if token_counts is not None:  # record (tokens in the batch, tokens the requests extend) per step
         runner = llm.engine.runner
         run = runner.run
@@ -78,3 +79,16 @@ def test_padding_changes_no_output(tmp_path, attn, monkeypatch) -> None:
                     if a is not None:
                         assert a[0] == pytest.approx(b[0], abs=1e-5)
                         assert [t for t, _ in a[1]] == [t for t, _ in b[1]]
+
+
+@pytest.mark.gpu
+def test_padding_changes_no_output_on_gpu(tmp_path, monkeypatch) -> None:
+    """The same on CUDA (Triton attention, CUDA graphs for decode), where padding is the default."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    make_tiny_model("qwen3", tmp_path)
+    counts: list[tuple[int, int, int]] = []
+    padded = _generate(tmp_path, "triton", True, monkeypatch, counts, device="cuda")
+    plain = _generate(tmp_path, "triton", False, monkeypatch, device="cuda")
+    assert any(t > n for t, n, _ in counts)
+    assert [r["token_ids"] for r in padded] == [r["token_ids"] for r in plain]
