@@ -52,6 +52,18 @@ def make_batch(lens: list[int], num_pages: int, dev: torch.device) -> tuple[torc
     return table, rows, seq_lens, q, torch.empty_like(q), 2 * sum(lens) * HKV * D * 2
 
 
+def workload_lens(steps: tuple[int, ...]):
+    """(step, context lengths of the requests still decoding at that step) of the offline workload
+    (the issue's command, seed 0)."""
+    from minisgl.bench.offline import build_parser, make_workload
+
+    args = build_parser().parse_args("--model configs/qwen3-0.6b --num-seqs 256 --min-input 100 --max-input 1024 "
+                                     "--min-output 100 --max-output 1024 --seed 0".split())  # fmt: skip
+    prompts, outputs = make_workload(args)
+    for step in steps:
+        yield step, [len(p) + step + 1 for p, n in zip(prompts, outputs) if n > step]
+
+
 def ragged(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
     print(f"{'bs':>4} {'tokens':>7} {'splits':>6} {'order':>8} {'us':>8} {'TB/s':>6}")
     for bs in (256, 192, 128, 64, 32):
@@ -67,14 +79,8 @@ def ragged(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
 def workload(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
     """The offline workload's own decode batches (the issue's command, seed 0) at a few steps: the
     default launch against the swept ones, programs longest first."""
-    from minisgl.bench.offline import build_parser, make_workload
-
-    args = build_parser().parse_args("--model configs/qwen3-0.6b --num-seqs 256 --min-input 100 --max-input 1024 "
-                                     "--min-output 100 --max-output 1024 --seed 0".split())  # fmt: skip
-    prompts, outputs = make_workload(args)
     print(f"{'step':>4} {'bs':>4} {'tokens':>7} {'splits':>6} {'blk':>4} {'w':>2} {'st':>2} {'us':>8} {'TB/s':>6}")
-    for step in (50, 200, 390, 600, 800, 950):
-        lens = [len(p) + step + 1 for p, n in zip(prompts, outputs) if n > step]
+    for step, lens in workload_lens((50, 200, 390, 600, 800, 950)):
         bs = len(lens)
         table, rows, seq_lens, q, out, nbytes = make_batch(lens, num_pages, k.device)
         order = torch.tensor(sorted(range(bs), key=lens.__getitem__, reverse=True), device=k.device, dtype=torch.int32)
@@ -127,11 +133,7 @@ def extend(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
 
 def layout(num_pages: int, dev: torch.device) -> None:
     """Token-major vs head-major pool on the workload's decode batches, a few launches each."""
-    from minisgl.bench.offline import build_parser, make_workload
 
-    args = build_parser().parse_args("--model configs/qwen3-0.6b --num-seqs 256 --min-input 100 --max-input 1024 "
-                                     "--min-output 100 --max-output 1024 --seed 0".split())  # fmt: skip
-    prompts, outputs = make_workload(args)
     def pool(head_major: bool) -> torch.Tensor:
         if head_major:
             return torch.randn(HKV, num_pages * PAGE, D, device=dev, dtype=torch.bfloat16).permute(1, 0, 2)
@@ -139,8 +141,7 @@ def layout(num_pages: int, dev: torch.device) -> None:
 
     caches = {"token-major": (pool(False), pool(False)), "head-major": (pool(True), pool(True))}
     print(f"{'step':>4} {'bs':>4} {'layout':>12} {'splits':>6} {'blk':>4} {'st':>2} {'us':>8} {'TB/s':>6}")
-    for step in (50, 200, 390, 600, 800, 950):
-        lens = [len(p) + step + 1 for p, n in zip(prompts, outputs) if n > step]
+    for step, lens in workload_lens((50, 200, 390, 600, 800, 950)):
         bs = len(lens)
         table, rows, seq_lens, q, out, nbytes = make_batch(lens, num_pages, dev)
         order = torch.tensor(sorted(range(bs), key=lens.__getitem__, reverse=True), device=dev, dtype=torch.int32)
@@ -209,14 +210,8 @@ def _gather_row_kernel(k_ptr, v_ptr, out_ptr, table_ptr, seq_lens_ptr, order_ptr
 
 
 def gatherbw(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
-    from minisgl.bench.offline import build_parser, make_workload
-
-    args = build_parser().parse_args("--model configs/qwen3-0.6b --num-seqs 256 --min-input 100 --max-input 1024 "
-                                     "--min-output 100 --max-output 1024 --seed 0".split())  # fmt: skip
-    prompts, outputs = make_workload(args)
     dev = k.device
-    for step in (50, 390, 800):
-        lens = [len(p) + step + 1 for p, n in zip(prompts, outputs) if n > step]
+    for step, lens in workload_lens((50, 390, 800)):
         bs = len(lens)
         table, rows, seq_lens, q, out, nbytes = make_batch(lens, num_pages, dev)
         order = torch.tensor(sorted(range(bs), key=lens.__getitem__, reverse=True), device=dev, dtype=torch.int32)
@@ -260,21 +255,11 @@ def main() -> None:
         return
     k = torch.randn(num_pages * PAGE, HKV, D, device=dev, dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    if "--ragged" in sys.argv:
-        ragged(k, v, num_pages)
-        return
-    if "--workload" in sys.argv:
-        workload(k, v, num_pages)
-        return
-    if "--extend" in sys.argv:
-        extend(k, v, num_pages)
-        return
-    if "--readbw" in sys.argv:
-        readbw(k, v, num_pages)
-        return
-    if "--gatherbw" in sys.argv:
-        gatherbw(k, v, num_pages)
-        return
+    modes = {"--ragged": ragged, "--workload": workload, "--extend": extend, "--readbw": readbw, "--gatherbw": gatherbw}
+    for flag, mode in modes.items():
+        if flag in sys.argv:
+            mode(k, v, num_pages)
+            return
     print(f"{'bs':>4} {'ctx':>5} {'splits':>6} {'blk':>4} {'w':>2} {'st':>2} {'us':>8} {'TB/s':>6}")
     for bs, ctx in SHAPES:
         table, rows, seq_lens, q, out, nbytes = make_batch([ctx] * bs, num_pages, dev)
