@@ -317,13 +317,14 @@ class Engine:
         logits_idx = sample_idx + prompt_idx
         num_logits = len(logits_idx)
         if pad and not decode:
-            # Padding tokens: token 0 at position 0 of the scratch row, KV to the scratch slot; no
-            # request's attention covers them, and every op but attention works row by row.
-            pad = padded_rows(len(input_ids)) - len(input_ids)
-            input_ids = input_ids + [0] * pad
-            rows_per_token = rows_per_token + [self.scratch_row] * pad
-            positions = positions + [0] * pad
-            out_loc_list = out_loc_list + [self.pool.scratch_slot] * pad
+            # Padding tokens: token 0 at position 0 of the scratch row (whose table entry becomes the
+            # scratch slot), KV to the scratch slot. No request's attention covers them, and every
+            # other op works row by row; their logits rows repeat the last real one.
+            extra = padded_rows(len(input_ids)) - len(input_ids)
+            input_ids = input_ids + [0] * extra
+            rows_per_token = rows_per_token + [self.scratch_row] * extra
+            positions = positions + [0] * extra
+            out_loc_list = out_loc_list + [self.pool.scratch_slot] * extra
             logits_idx = logits_idx + logits_idx[-1:] * (padded_rows(num_logits) - num_logits)
         dst, src = [t for t, _ in plan.from_prev], [j for _, j in plan.from_prev]
         # The token-table entries are this step's tokens, then the plan's extra ones: `positions`
