@@ -5,16 +5,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from minisgl.kernels.norm_ref import rms_scale_ref
+
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     """x = [gate | up] along the last dim -> silu(gate) * up, each op rounding to x's dtype (as HF)."""
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
-
-
-def rms_scale_ref(hidden: torch.Tensor, eps: float) -> torch.Tensor:
-    """Each row's RMSNorm factor 1 / rms(hidden), fp32 [T, 1] (as HF computes it)."""
-    return torch.rsqrt(hidden.float().pow(2).mean(-1, keepdim=True) + eps)
 
 
 def silu_and_mul_row_norm_ref(x: torch.Tensor, hidden: torch.Tensor, eps: float) -> torch.Tensor:

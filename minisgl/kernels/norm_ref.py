@@ -9,12 +9,15 @@ from __future__ import annotations
 import torch
 
 
+def rms_scale_ref(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Each row's RMSNorm factor 1 / rms(x) over the last dim, fp32 [..., 1] (as HF computes it)."""
+    return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+
+
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim of `x` [..., N]; per-head norm is the same call on [T, H, D]."""
-    dtype = x.dtype
     x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(dtype)
+    return weight * (x32 * rms_scale_ref(x32, eps)).to(x.dtype)
 
 
 def fused_add_rms_norm_ref(

@@ -21,10 +21,10 @@ if importlib.util.find_spec("triton") is None:
 # Without CUDA, tests/conftest.py has put triton in interpreter mode before this import.
 
 from minisgl.kernels.activation import silu_and_mul  # noqa: E402
-from minisgl.kernels.activation_ref import rms_scale_ref, silu_and_mul_ref, silu_and_mul_row_norm_ref  # noqa: E402
+from minisgl.kernels.activation_ref import silu_and_mul_ref, silu_and_mul_row_norm_ref  # noqa: E402
 from minisgl.kernels.impl import KernelImpl  # noqa: E402
 from minisgl.kernels.norm import _rms_norm_kernel, fused_add_rms_norm, rms_norm  # noqa: E402
-from minisgl.kernels.norm_ref import fused_add_rms_norm_ref, rms_norm_ref  # noqa: E402
+from minisgl.kernels.norm_ref import fused_add_rms_norm_ref, rms_norm_ref, rms_scale_ref  # noqa: E402
 from minisgl.kernels.rotary import qk_norm_rotary, rotary, rotary_store_kv  # noqa: E402
 from minisgl.kernels.rotary_ref import qk_norm_rotary_ref, rotary_ref  # noqa: E402
 from minisgl.layers.activation import SiluAndMul  # noqa: E402
