@@ -54,6 +54,15 @@ def _pages_for(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size)
 
 
+def _slots(pages: list[int], page_size: int, begin: int, end: int) -> list[int]:
+    """The KV slots of positions [begin, end) of a request holding `pages`, a page at a time."""
+    out: list[int] = []
+    for i in range(begin // page_size, (end - 1) // page_size + 1):
+        base = pages[i] * page_size
+        out.extend(range(base + max(begin - i * page_size, 0), base + min(end - i * page_size, page_size)))
+    return out
+
+
 class Scheduler:
     def __init__(
         self,
@@ -369,10 +378,8 @@ class Scheduler:
                 out_loc.append(pages[begin // ps] * ps + begin % ps)
             elif ps == 1:
                 out_loc.extend(pages[begin:end])
-            else:  # a page's slots at a time (prefill chunks: thousands of tokens)
-                for i in range(begin // ps, (end - 1) // ps + 1):
-                    base = pages[i] * ps
-                    out_loc.extend(range(base + max(begin - i * ps, 0), base + min(end - i * ps, ps)))
+            else:
+                out_loc.extend(_slots(pages, ps, begin, end))
         released, self._released = self._released, []
         return StepPlan(reqs, out_loc, rows, pos, slots, from_prev, self.grammars, released, bool(self._controlled_rids))
 
@@ -430,10 +437,9 @@ class Scheduler:
         self.running.append(req)
         if req.cached_len:
             rows, pos, slots = self._pending_table
-            for p in range(req.cached_len):
-                rows.append(req.row)
-                pos.append(p)
-                slots.append(req.pages[p // ps] * ps + p % ps)
+            rows.extend([req.row] * req.cached_len)
+            pos.extend(range(req.cached_len))
+            slots.extend(_slots(req.pages, ps, 0, req.cached_len))
         return True
 
     def _shares_pending_prefill(self, req: Req, ids: list[int], matched_pages: int, prefilling: list[Req]) -> bool:
@@ -468,10 +474,9 @@ class Scheduler:
         for i, page in enumerate(res.pages):
             if page != req.pages[i]:
                 req.pages[i] = page  # another request cached this page first: use its copy
-                for p in range(i * ps, (i + 1) * ps):
-                    rows.append(req.row)  # type: ignore[arg-type]
-                    pos.append(p)
-                    slots.append(page * ps + p % ps)
+                rows.extend([req.row] * ps)  # type: ignore[list-item]
+                pos.extend(range(i * ps, (i + 1) * ps))
+                slots.extend(range(page * ps, (page + 1) * ps))
         self.cache.lock(res.handle)
         self.cache.unlock(req.cache_handle)
         req.cache_handle = res.handle
