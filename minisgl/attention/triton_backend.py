@@ -222,9 +222,7 @@ class TritonAttnBackend(BaseAttnBackend):
         batch_size = batch.batch_size
         # Padding entries (any captured size may read them) follow in their own order.
         order = _longest_first(batch.seq_lens_cpu) + list(range(batch_size, graph.max_bs))
-        host = graph.order_host.take(len(order))
-        host.copy_(torch.frombuffer(array("i", order), dtype=torch.int32))
-        graph.order.copy_(host, non_blocking=True)
+        graph.order.copy_(graph.order_host.stage(array("i", order)), non_blocking=True)
 
     def _graph_splits(self, batch_size: int) -> int:
         return decode_num_splits(batch_size, self.num_kv_heads, self.head_dim, None, self.device)

@@ -34,6 +34,13 @@ class StagingRing:
             self.buffers[self.turn] = torch.empty(size, dtype=self.dtype, pin_memory=self.pinned)
         return self.buffers[self.turn][:n]
 
+    def stage(self, values: array) -> torch.Tensor:
+        """The next buffer, holding `values` (an array of this ring's element type)."""
+        host = self.take(len(values))
+        if len(values):
+            host.copy_(torch.frombuffer(values, dtype=self.dtype))
+        return host
+
 
 _ALIGN = 4  # elements: every part starts 16-byte aligned in int32 as in int64
 
@@ -54,10 +61,7 @@ def upload_many(
         pad = -len(part) % _ALIGN
         flat.extend([0] * pad)
         padded.append(len(part) + pad)
-    host = staging.take(len(flat))
-    if flat:
-        host.copy_(torch.frombuffer(flat, dtype=torch.int64))
-    dev = host.to(device, non_blocking=True)
+    dev = staging.stage(flat).to(device, non_blocking=True)
     chunks = list(dev.split(padded))
     if int32_tail:
         head = sum(padded[:-int32_tail])
