@@ -100,8 +100,11 @@ def workload(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
 
 # The extend kernel's launches tried on the workload's chunks (block_m, block_n, warps, stages); the
 # first is the tuned default.
-EXTEND_LAUNCHES = [(64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 8, 2), (128, 128, 8, 2),
-                   (64, 128, 4, 2), (64, 32, 4, 3), (128, 32, 8, 3), (64, 64, 4, 4), (64, 64, 8, 3)]
+# pack: a KV head's q heads share the tile (rows = queries x group).
+EXTEND_LAUNCHES = [(64, 64, 4, 3, False), (128, 64, 8, 3, False), (128, 64, 4, 3, False), (64, 32, 4, 3, False),
+                   (128, 32, 8, 3, False), (64, 64, 8, 3, False),
+                   (64, 64, 4, 3, True), (64, 32, 4, 3, True), (128, 64, 8, 3, True), (128, 64, 4, 3, True),
+                   (128, 32, 8, 3, True), (128, 32, 4, 3, True), (128, 128, 8, 2, True), (256, 64, 8, 2, True)]
 
 
 def extend(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
@@ -119,16 +122,42 @@ def extend(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
         starts = torch.tensor([sum(lens[:i]) for i in range(len(lens))], device=dev, dtype=torch.int32)
         q = torch.randn(sum(lens), HQ, D, device=dev, dtype=torch.bfloat16)
         flops = sum(4 * n * (n + 1) / 2 * D * HQ for n in lens)
-        for bm, bn, warps, stages in EXTEND_LAUNCHES:
+        for bm, bn, warps, stages, pack in EXTEND_LAUNCHES:
             try:
-                us = bench(lambda: extend_attention(q, k, v, table, rows, seq_lens, extend_lens, starts, 0.088,
-                                                    max_extend_len=max(lens), block_m=bm, block_n=bn,
-                                                    num_warps=warps, num_stages=stages))  # fmt: skip
+                run = lambda: extend_attention(q, k, v, table, rows, seq_lens, extend_lens, starts, 0.088,  # noqa: E731
+                                               max_extend_len=max(lens), block_m=bm, block_n=bn,
+                                               num_warps=warps, num_stages=stages, pack=pack)  # fmt: skip
+                got = run().float()
+                ref = got if (bm, bn, warps, stages, pack) == EXTEND_LAUNCHES[0] else ref
+                assert (got - ref).abs().max().item() < 2e-2, "differs from the default launch"
+                us = bench(run)
             except Exception as exc:  # out of shared memory
                 print(f"  skip {bm}x{bn} w{warps} s{stages}: {type(exc).__name__}")
                 continue
-            name = f"{bm}x{bn} w{warps} s{stages}"
+            name = f"{bm}x{bn} w{warps} s{stages}{' pk' if pack else ''}"
             print(f"{chunk:>5} {len(lens):>4} {sum(lens):>7} {name:>18} {us:>8.1f} {flops / us / 1e6:>8.1f}")
+    # Long prompts cut in chunks: 1k-token chunks of 4 requests on 3k-token cached prefixes (the shape the
+    # default launch was tuned on), and one 8k prompt's last 2k.
+    for name, lens, new_tokens in (("4x1k/3k", [4096] * 4, 1024), ("2k/6k", [8192], 2048)):
+        table, rows, seq_lens, _, _, _ = make_batch(lens, num_pages, dev)
+        extend_lens = torch.full_like(seq_lens, new_tokens)
+        starts = torch.arange(len(lens), device=dev, dtype=torch.int32) * new_tokens
+        q = torch.randn(len(lens) * new_tokens, HQ, D, device=dev, dtype=torch.bfloat16)
+        flops = sum(4 * new_tokens * (n - new_tokens / 2) * D * HQ for n in lens)
+        for bm, bn, warps, stages, pack in EXTEND_LAUNCHES:
+            try:
+                run = lambda: extend_attention(q, k, v, table, rows, seq_lens, extend_lens, starts, 0.088,  # noqa: E731
+                                               max_extend_len=new_tokens, block_m=bm, block_n=bn,
+                                               num_warps=warps, num_stages=stages, pack=pack)  # fmt: skip
+                got = run().float()
+                ref = got if (bm, bn, warps, stages, pack) == EXTEND_LAUNCHES[0] else ref
+                assert (got - ref).abs().max().item() < 2e-2, "differs from the default launch"
+                us = bench(run)
+            except Exception as exc:
+                print(f"  skip {bm}x{bn} w{warps} s{stages}: {type(exc).__name__}")
+                continue
+            launch = f"{bm}x{bn} w{warps} s{stages}{' pk' if pack else ''}"
+            print(f"{name:>7} {len(lens):>4} {q.shape[0]:>7} {launch:>18} {us:>8.1f} {flops / us / 1e6:>8.1f}")
 
 
 def layout(num_pages: int, dev: torch.device) -> None:

@@ -98,17 +98,23 @@ def _extend_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
     LAST_BLOCKS_FIRST: tl.constexpr,
+    PACK: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    """Without PACK a program is (request, q head, block of BLOCK_M queries). With PACK it is
+    (request, KV head, block of BLOCK_M // GROUP queries), its BLOCK_M rows being every q head of
+    the group for each query (row r: query r // GROUP, head r % GROUP of the group), so each K/V
+    tile loaded serves all the heads that share it."""
     if PDL:
         gdc_wait()  # the previous kernel's writes are visible from here on (kernels/pdl.py)
     req = tl.program_id(0)
-    head = tl.program_id(1)
+    head = tl.program_id(1)  # with PACK: the KV head
+    QUERIES: tl.constexpr = BLOCK_M // GROUP if PACK else BLOCK_M  # queries per block
     # LAST_BLOCKS_FIRST: query blocks are launched last first. A block's work grows with its
     # position (it reads every key before it): the longest programs start first, the short ones
     # fill in the tail.
     m_block = tl.num_programs(2) - 1 - tl.program_id(2) if LAST_BLOCKS_FIRST else tl.program_id(2)
-    m_start = m_block * BLOCK_M
+    m_start = m_block * QUERIES
     extend_len = tl.load(extend_lens_ptr + req)
     # The grid is sized by the longest extend in the batch; shorter requests have idle blocks.
     if m_start >= extend_len:
@@ -117,14 +123,19 @@ def _extend_kernel(
     prefix_len = seq_len - extend_len
     q_start = tl.load(extend_starts_ptr + req).to(tl.int64)
     row = tl.load(rows_ptr + req).to(tl.int64)
-    kv_head = head // GROUP
-
-    offs_m = m_start + tl.arange(0, BLOCK_M)
+    if PACK:
+        kv_head = head
+        offs_m = m_start + tl.arange(0, BLOCK_M) // GROUP  # each row's query
+        heads = head * GROUP + tl.arange(0, BLOCK_M) % GROUP  # and its q head
+    else:
+        kv_head = head // GROUP
+        offs_m = m_start + tl.arange(0, BLOCK_M)
+        heads = tl.full([BLOCK_M], 0, tl.int32) + head
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     m_mask = offs_m < extend_len
     d_mask = offs_d < HEAD_DIM
-    q_ptrs = q_ptr + (q_start + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
+    q_ptrs = q_ptr + (q_start + offs_m)[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=m_mask[:, None] & d_mask[None, :], other=0.0)
     q_pos = prefix_len + offs_m
 
@@ -146,7 +157,7 @@ def _extend_kernel(
             kv_mask[None, :], offs_d, d_mask, stride_ks, stride_vs, qk_scale, PRECISION,
         )  # fmt: skip
     # The diagonal: keys among this block's own positions, masked causally.
-    diag_end = tl.minimum(seq_len, full_end + BLOCK_M)
+    diag_end = tl.minimum(seq_len, full_end + QUERIES)
     for start in range(full_end, diag_end, BLOCK_N):
         kv_pos = start + offs_n
         kv_mask = kv_pos < diag_end
@@ -158,7 +169,7 @@ def _extend_kernel(
 
     # Every real query sees at least its own key, so l > 0 on rows that are stored.
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    o_ptrs = o_ptr + (q_start + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
+    o_ptrs = o_ptr + (q_start + offs_m)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
@@ -359,6 +370,7 @@ def extend_attention(
     last_blocks_first: bool = True,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    pack: bool | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens q [T, Hq, D] over the paged cache [slots, Hkv, D].
 
@@ -376,20 +388,27 @@ def extend_attention(
     config = _extend_config(q.dtype, head_dim)
     block_m = block_m or config.block_m
     block_n = block_n or config.block_n
-    grid = (batch_size, num_heads, triton.cdiv(max_extend_len, block_m))
+    group = num_heads // num_kv_heads
+    pack = False if pack is None else pack
+    assert not pack or (group & (group - 1) == 0 and block_m % group == 0), f"cannot pack group {group} in {block_m} rows"
+    if pack:
+        grid = (batch_size, num_kv_heads, triton.cdiv(max_extend_len, block_m // group))
+    else:
+        grid = (batch_size, num_heads, triton.cdiv(max_extend_len, block_m))
     _extend_kernel[grid](
         q, k_cache, v_cache, out,
         token_table, rows, seq_lens, extend_lens, extend_starts,
         sm_scale * _LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), token_table.stride(0),
-        GROUP=num_heads // num_kv_heads,
+        GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_D=_block_d(head_dim),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         PRECISION=_precision(q.dtype),
         LAST_BLOCKS_FIRST=last_blocks_first,
+        PACK=pack,
         num_warps=num_warps or config.num_warps,
         num_stages=num_stages or config.num_stages,
         **pdl_args(q.device),

@@ -181,6 +181,15 @@ def test_extend_matches_ref(shape: str, heads: tuple[int, int], head_dim: int, p
     assert_close(out, ref, torch.float32)
 
 
+@pytest.mark.parametrize("shape,heads,head_dim,page_size", [c for c in EXTEND_CPU_CASES if c[1][0] // c[1][1] in (1, 2, 4)])
+def test_extend_packed_heads_match_ref(shape: str, heads: tuple[int, int], head_dim: int, page_size: int) -> None:
+    """A KV head's q heads packed into one tile's rows (`pack=True`): the same attention."""
+    prefix_lens, extend_lens = EXTEND_SHAPES[shape]
+    case = build_case(prefix_lens, extend_lens, *heads, head_dim, page_size, torch.float32, q_padding_heads=1)
+    out, ref = run_extend(case, head_dim**-0.5, block_m=16 * (heads[0] // heads[1]), block_n=16, pack=True)
+    assert_close(out, ref, torch.float32)
+
+
 def test_extend_default_blocks_and_fp16() -> None:
     case = build_case([70, 0], [45, 9], 4, 2, 64, 16, torch.float16, seed=1)
     out, ref = run_extend(case, 0.125)
