@@ -25,12 +25,6 @@ def main() -> None:
         temperature = torch.full((rows,), 0.6, device=dev)
         exact = bench(lambda: gumbel_sample(logits, temperature, 7, fast_log=False))
         print(f"{rows:>5} {8192:>6} {1024:>6} {4:>5} {exact:>8.1f} {logits.numel() * 2 / exact / 1e3:>7.0f} exact log2")
-        for split, block, warps in ((8192, 1024, 4), (8192, 2048, 8), (16384, 1024, 4)):
-            plain = bench(lambda: gumbel_sample(logits, temperature, 7, split=split, block=block, num_warps=warps))
-            bits = bench(lambda: gumbel_sample(logits, temperature, 7, split=split, block=block, num_warps=warps,
-                                               bits_uniform=True))  # fmt: skip
-            print(f"{rows:>5} {split:>6} {block:>6} {warps:>5} {bits:>8.1f} {logits.numel() * 2 / bits / 1e3:>7.0f} "
-                  f"bit-trick uniform (int->float convert: {plain:.1f})")  # fmt: skip
         results = []
         for split, block, warps in itertools.product((4096, 8192, 16384, 32768), (512, 1024, 2048, 4096), (4, 8)):
             if block > split:

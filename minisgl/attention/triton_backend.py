@@ -55,6 +55,7 @@ class MixedSplit:
 @dataclass(slots=True)
 class TritonExtendMeta:
     max_extend_len: int  # longest extend the extend kernel runs (sizes its grid); host-side lengths
+    max_seq_len: int  # longest prefix + extend among them (picks the kernel's launch)
     split: MixedSplit | None = None  # set when some requests extend by one token
 
 
@@ -108,7 +109,7 @@ class TritonAttnBackend(BaseAttnBackend):
         lens = batch.extend_lens_cpu
         one = [i for i, n in enumerate(lens) if n == 1]
         if not one:
-            return TritonExtendMeta(max(lens, default=0))
+            return TritonExtendMeta(max(lens, default=0), max(batch.seq_lens_cpu, default=0))
         many = [i for i, n in enumerate(lens) if n != 1]
         index = upload(one + many, torch.int64, self.device)  # one non-blocking copy
         one_t, many_t = index[: len(one)], index[len(one) :]
@@ -124,7 +125,8 @@ class TritonAttnBackend(BaseAttnBackend):
             extend_lens=batch.extend_lens.index_select(0, many_t),
             extend_starts=batch.extend_starts.index_select(0, many_t),
         )
-        return TritonExtendMeta(max((lens[i] for i in many), default=0), split)
+        max_seq_len = max((batch.seq_lens_cpu[i] for i in many), default=0)
+        return TritonExtendMeta(max((lens[i] for i in many), default=0), max_seq_len, split)
 
     def kv_store(self, layer_id: int, batch: ForwardBatch) -> KVStore:
         # The fused rotary kernel writes k and v into the pool, saving the store launch per layer.
@@ -150,12 +152,14 @@ class TritonAttnBackend(BaseAttnBackend):
             return extend_attention(
                 q, k_cache, v_cache, batch.token_table, batch.rows, batch.seq_lens, batch.extend_lens,
                 batch.extend_starts, self.sm_scale, max_extend_len=meta.max_extend_len,
+                max_seq_len=meta.max_seq_len,
             )  # fmt: skip
         out = torch.empty_like(q)
         # The extend kernel writes only its requests' rows of `out`; the decode rows go in after.
         extend_attention(
             q, k_cache, v_cache, batch.token_table, split.rows, split.seq_lens, split.extend_lens,
-            split.extend_starts, self.sm_scale, max_extend_len=meta.max_extend_len, out=out,
+            split.extend_starts, self.sm_scale, max_extend_len=meta.max_extend_len,
+            max_seq_len=meta.max_seq_len, out=out,
         )  # fmt: skip
         d = split.decode
         decoded = decode_attention(

@@ -318,17 +318,32 @@ class _ExtendConfig(NamedTuple):
     block_n: int
     num_warps: int
     num_stages: int
+    pack: bool = False
 
 
-def _extend_config(dtype: torch.dtype, head_dim: int) -> _ExtendConfig:
-    """Launch shape of the extend kernel, from an H200 sweep (bf16, Hq 32/Hkv 8 D 128 and Hq 9/Hkv 3
-    D 64; one 4k prompt, 4 x 1k chunks on 3k prefixes, 16 x 256 prompts): 64x64 tiles, 4 warps and
-    3 stages were best or within 5% everywhere (~295 TFLOP/s at D 128, ~190 at D 64)."""
+# Longest sequence (cached prefix + extend) up to which the extend kernel takes the short-sequence launch.
+_SHORT_EXTEND_SEQ = 2048
+
+
+def _extend_config(dtype: torch.dtype, head_dim: int, group: int = 1, max_seq_len: int | None = None) -> _ExtendConfig:
+    """Launch shape of the extend kernel, from H200 sweeps (`sweep_decode_attention.py --extend`).
+
+    The first sweep (bf16, Hq 32/Hkv 8 D 128 and Hq 9/Hkv 3 D 64; one 4k prompt, 4 x 1k chunks on
+    3k prefixes, 16 x 256 prompts) found 64x64 tiles, 4 warps and 3 stages best or within 5%
+    everywhere (~295 TFLOP/s at D 128, ~190 at D 64). The second (Hq 16/Hkv 8 D 128, Qwen3-0.6B)
+    added packing a KV head's two q heads into one tile's rows: on 16k-token chunks of fresh
+    prompts of 100-1024 tokens, 64x32 packed tiles run 215 / 192 / 208 us against 252 / 232 / 247
+    for 64x64; on 1k-2k chunks behind 3k-6k prefixes 128x64 packed (4 warps) runs 373 / 385 us
+    against 410 / 395 (and 64x32 loses there: 433 / 498). `max_seq_len` (host lengths; None: long)
+    picks between the two for D 128 and group 2, the measured case."""
     if _SMALL_BLOCKS:
         return _ExtendConfig(16, 16, 1, 1)
     if dtype == torch.float32:
         # fp32 tiles spill registers at 64x64 with D 128 (25x slower); fp32 is a reference dtype.
         return _ExtendConfig(64, 64, 8, 2) if head_dim <= 64 else _ExtendConfig(32, 32, 4, 2)
+    if head_dim == 128 and group == 2:
+        short = max_seq_len is not None and max_seq_len <= _SHORT_EXTEND_SEQ
+        return _ExtendConfig(64, 32, 4, 3, True) if short else _ExtendConfig(128, 64, 4, 3, True)
     return _ExtendConfig(64, 64 if head_dim <= 128 else 32, 4, 3)
 
 
@@ -371,13 +386,14 @@ def extend_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     pack: bool | None = None,
+    max_seq_len: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens q [T, Hq, D] over the paged cache [slots, Hkv, D].
 
     `max_extend_len` (from the host-side lengths) sizes the grid; block sizes are overridable so
     tests can cross block boundaries with small shapes. `last_blocks_first=False` launches the
-    query blocks in position order instead, and `num_warps`/`num_stages` override the tuned
-    launch (sweeps).
+    query blocks in position order instead, and `num_warps`/`num_stages`/`pack` override the tuned
+    launch (sweeps). `max_seq_len` (host-side: the longest prefix + extend) picks the launch.
     """
     num_heads, num_kv_heads, head_dim = _check_layout(q, k_cache, v_cache)
     if out is None:
@@ -385,12 +401,13 @@ def extend_attention(
     batch_size = rows.shape[0]
     if batch_size == 0 or max_extend_len == 0:
         return out
-    config = _extend_config(q.dtype, head_dim)
+    group = num_heads // num_kv_heads
+    config = _extend_config(q.dtype, head_dim, group, max_seq_len)
     block_m = block_m or config.block_m
     block_n = block_n or config.block_n
-    group = num_heads // num_kv_heads
-    pack = False if pack is None else pack
-    assert not pack or (group & (group - 1) == 0 and block_m % group == 0), f"cannot pack group {group} in {block_m} rows"
+    pack = config.pack if pack is None else pack
+    packable = group & (group - 1) == 0 and block_m % group == 0
+    assert not pack or packable, f"cannot pack a group of {group} q heads in {block_m} rows"
     if pack:
         grid = (batch_size, num_kv_heads, triton.cdiv(max_extend_len, block_m // group))
     else:

@@ -287,6 +287,19 @@ def test_extend_gpu_sweep(dtype: torch.dtype, heads: tuple[int, int], head_dim: 
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_extend_gpu_packed_launches(dtype: torch.dtype, page_size: int) -> None:
+    """Qwen3-0.6B's heads (16 q, 8 KV, D 128): both tuned launches pack a KV head's two q heads in
+    one tile, the short-sequence one (every sequence <= 2048) and the long one."""
+    case = build_case([0, 1000, 37, 511, 0], [300, 129, 1, 700, 64], 16, 8, 128, page_size, dtype, seed=9)
+    for max_seq_len in (1129, None):
+        out, ref = run_extend(case, 128**-0.5, max_seq_len=max_seq_len)
+        assert_close(out, ref, dtype)
+
+
+@gpu
+@needs_cuda
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
 @pytest.mark.parametrize("heads", [(4, 4), (12, 4), (32, 8), (9, 3)])
 @pytest.mark.parametrize("head_dim", [64, 128])
