@@ -170,7 +170,8 @@ class TritonAttnBackend(BaseAttnBackend):
 
     def warmup(self, token_table: torch.Tensor, row: int) -> None:
         """Compile the decode kernels for every split count eager decode can pick (a power of two up
-        to MAX_DECODE_SPLITS, a compile-time constant): one request of one token at `row`."""
+        to MAX_DECODE_SPLITS, a compile-time constant), and the extend kernel's launches for short
+        and long sequences: one request of one token at `row`."""
         q = torch.zeros(1, self.num_heads, self.head_dim, dtype=self.pool.dtype, device=self.device)
         rows = torch.full((1,), row, dtype=torch.int64, device=self.device)
         seq_lens = torch.ones(1, dtype=torch.int32, device=self.device)
@@ -182,6 +183,12 @@ class TritonAttnBackend(BaseAttnBackend):
                 num_splits=splits, order=order,
             )  # fmt: skip
             splits *= 2
+        starts = torch.zeros(1, dtype=torch.int32, device=self.device)
+        for max_seq_len in (1, None):
+            extend_attention(
+                q, self.pool.k[0], self.pool.v[0], token_table, rows, seq_lens, seq_lens, starts, self.sm_scale,
+                max_extend_len=1, max_seq_len=max_seq_len,
+            )  # fmt: skip
 
     # --- CUDA graphs (decode only) ---
 
