@@ -8,8 +8,10 @@ per call and in TB/s of K/V read (graph-replayed, so launch overhead is what a C
 split or more, programs in batch order or longest first. `--workload`: the offline workload's own
 decode batches at a few steps, default launch against a sweep. `--layout`: the same batches with the
 pool token-major ([slots, Hkv, D], the engine's) against head-major ([Hkv, slots, D] seen through a
-permuted view: each head's page is one contiguous 4 KB run). `--extend`: the extend kernel on a
-16k-token chunk of fresh prompts of the workload's lengths, at a few launch shapes. `--readbw`: what this GPU reads at best (a streaming read of
+permuted view: each head's page is one contiguous 4 KB run). `--extend`: the extend kernel on
+16k-token chunks of fresh prompts of the workload's lengths and on long-prefix chunks, at a few
+launch shapes (packed q heads or not). `--pages`: the default launch on the workload's batches
+with pages of 16-256 tokens, and with each request's KV contiguous. `--readbw`: what this GPU reads at best (a streaming read of
 a 4 GB buffer, torch's sum and a Triton kernel); then, on the workload's decode batches, pure reads of
 their K/V through the token table as the attention's programs (one per request and KV head) and
 as one program per request and split reading whole token rows (all KV heads: 2 KB runs)."""
@@ -17,6 +19,7 @@ as one program per request and split reading whole token rows (all KV heads: 2 K
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 
 import torch
@@ -39,13 +42,17 @@ def bench(fn) -> float:
     return triton.testing.do_bench(graph.replay, warmup=10, rep=40) / 10 * 1e3  # us per call
 
 
-def make_batch(lens: list[int], num_pages: int, dev: torch.device) -> tuple[torch.Tensor, ...]:
+def make_batch(lens: list[int], num_pages: int, dev: torch.device, page: int = PAGE,
+               scatter: bool = True) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """(token table, rows, seq_lens, q, out, K/V bytes read) for requests of these lengths, their
-    16-token pages scattered over the pool."""
+    `page`-token pages scattered over the pool (`num_pages` 16-token pages), or with
+    `scatter=False` each request's pages one contiguous run."""
     bs, ctx = len(lens), max(lens)
-    pages_per_req = triton.cdiv(ctx, PAGE)
-    perm = torch.randperm(num_pages, device=dev)[: bs * pages_per_req].view(bs, pages_per_req)
-    table = (perm[:, :, None] * PAGE + torch.arange(PAGE, device=dev)).view(bs, -1)[:, :ctx].to(torch.int32).contiguous()
+    pages_per_req = triton.cdiv(ctx, page)
+    total = num_pages * PAGE // page
+    perm = torch.randperm(total, device=dev) if scatter else torch.arange(total, device=dev)
+    perm = perm[: bs * pages_per_req].view(bs, pages_per_req)
+    table = (perm[:, :, None] * page + torch.arange(page, device=dev)).view(bs, -1)[:, :ctx].to(torch.int32).contiguous()
     rows = torch.arange(bs, device=dev, dtype=torch.int32)
     seq_lens = torch.tensor(lens, device=dev, dtype=torch.int32)
     q = torch.randn(bs, HQ, D, device=dev, dtype=torch.bfloat16)
@@ -64,6 +71,22 @@ def workload_lens(steps: tuple[int, ...]):
         yield step, [len(p) + step + 1 for p, n in zip(prompts, outputs) if n > step]
 
 
+def pages(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
+    """The default decode launch on the workload's batches with pages of 16..256 tokens scattered
+    over the pool, and with each request's KV one contiguous run."""
+    print(f"{'step':>4} {'bs':>4} {'page':>8} {'us':>8} {'TB/s':>6}")
+    for step, lens in workload_lens((50, 200, 390, 600, 800, 950)):
+        bs = len(lens)
+        order = torch.tensor(sorted(range(bs), key=lens.__getitem__, reverse=True), device=k.device, dtype=torch.int32)
+        splits = decode_num_splits(bs, HKV, D, None, k.device)
+        for page, scatter in ((16, True), (32, True), (64, True), (128, True), (256, True), (16, False)):
+            table, rows, seq_lens, q, out, nbytes = make_batch(lens, num_pages, k.device, page, scatter)
+            us = bench(lambda: decode_attention(q, k, v, table, rows, seq_lens, 0.088, num_splits=splits, out=out,
+                                                order=order))  # fmt: skip
+            name = str(page) if scatter else "contig"
+            print(f"{step:>4} {bs:>4} {name:>8} {us:>8.1f} {nbytes / us / 1e6:>6.2f}", flush=True)
+
+
 def ragged(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
     print(f"{'bs':>4} {'tokens':>7} {'splits':>6} {'order':>8} {'us':>8} {'TB/s':>6}")
     for bs in (256, 192, 128, 64, 32):
@@ -80,15 +103,15 @@ def workload(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
     """The offline workload's own decode batches (the issue's command, seed 0) at a few steps: the
     default launch against the swept ones, programs longest first."""
     print(f"{'step':>4} {'bs':>4} {'tokens':>7} {'splits':>6} {'blk':>4} {'w':>2} {'st':>2} {'us':>8} {'TB/s':>6}")
-    for step, lens in workload_lens((50, 200, 390, 600, 800, 950)):
+    steps = tuple(int(x) for x in os.environ.get("SWEEP_STEPS", "50,200,390,600,800,950").split(","))
+    for step, lens in workload_lens(steps):
         bs = len(lens)
         table, rows, seq_lens, q, out, nbytes = make_batch(lens, num_pages, k.device)
         order = torch.tensor(sorted(range(bs), key=lens.__getitem__, reverse=True), device=k.device, dtype=torch.int32)
         default_splits = decode_num_splits(bs, HKV, D, None, k.device)
         results = []
-        for splits, blk, warps, stages in itertools.product(
-            sorted({default_splits, max(1, default_splits // 2), default_splits * 2}), (32, 64), (2, 4), (2, 3, 4)
-        ):
+        split_options = {default_splits, max(1, default_splits // 2), default_splits * 2, min(64, default_splits * 4)}
+        for splits, blk, warps, stages in itertools.product(sorted(split_options), (32, 64), (2, 4), (2, 3, 4)):
             us = bench(lambda: decode_attention(q, k, v, table, rows, seq_lens, 0.088, num_splits=splits, out=out,
                                                 order=order, block_n=blk, num_warps=warps, num_stages=stages))  # fmt: skip
             results.append((us, splits, blk, warps, stages))
@@ -284,7 +307,7 @@ def main() -> None:
         return
     k = torch.randn(num_pages * PAGE, HKV, D, device=dev, dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    modes = {"--ragged": ragged, "--workload": workload, "--extend": extend, "--readbw": readbw, "--gatherbw": gatherbw}
+    modes = {"--pages": pages, "--ragged": ragged, "--workload": workload, "--extend": extend, "--readbw": readbw, "--gatherbw": gatherbw}
     for flag, mode in modes.items():
         if flag in sys.argv:
             mode(k, v, num_pages)
