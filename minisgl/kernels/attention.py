@@ -29,10 +29,10 @@ _MIN_TOKENS_PER_SPLIT = 128
 # bytes per token). 4 was best on an H200 for equal lengths (batch 1..64, 2k..32k tokens); with
 # requests started longest first on workload-like lengths (100..2048, `sweep_decode_attention.py
 # --ragged`) 64 requests run 7% faster on 2 splits than on 1, and the issue-10 workload ~2% faster
-# with 8 (two A/B pairs in one lease: 24.8k/25.3k vs 25.5k/25.5k tok/s). 12 on the workload's own
-# decode batches (`--workload`, 132 SMs): 77 requests 104.1 -> 101.7 us (2 splits instead of 1),
-# 44 requests 74.5 -> 71.6 us (4 instead of 2); the other batch sizes keep their split counts.
-_DECODE_PROGRAMS_PER_SM = 12
+# with 8 (two A/B pairs in one lease: 24.8k/25.3k vs 25.5k/25.5k tok/s). 12 was tried: on the
+# workload's own batches (`--workload`) the extra splits pay only with 2 pipeline stages, and with
+# the 3 that split launches run, 77 requests took 110.1 us on 2 splits against 104.7 on 1.
+_DECODE_PROGRAMS_PER_SM = 8
 
 
 @triton.jit
