@@ -85,7 +85,7 @@ class LLM:
     ) -> list[dict[str, Any]]:
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
-        return self._run([self.encode(p) for p in prompts], sampling_params, use_tqdm)  # type: ignore[arg-type]
+        return self._run(list(prompts), sampling_params, use_tqdm)  # type: ignore[arg-type]
 
     def chat(
         self,
@@ -101,51 +101,75 @@ class LLM:
 
     def _run(
         self,
-        prompt_ids: list[list[int]],
+        prompts: list[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         use_tqdm: bool,
     ) -> list[dict[str, Any]]:
+        """Queue the prompts (text is tokenized here) and step the scheduler until all finish.
+
+        Prompts are encoded, checked and queued a slice at a time: the first step starts once
+        twice its token budget is waiting, and the rest go in between steps while the device
+        runs (encoding and checking 256 prompts of ~560 tokens takes ~15 ms of host time, which
+        otherwise all came before the first launch). The waiting queue never runs short of a
+        step's budget, so the scheduler sees the same order as with everything queued at once. A
+        prompt that fails its check raises after the requests queued so far are aborted."""
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
-            params = [sampling_params] * len(prompt_ids)
+            params = [sampling_params] * len(prompts)
         else:
             params = list(sampling_params)
-            if len(params) != len(prompt_ids):
-                raise ValueError(f"{len(prompt_ids)} prompts but {len(params)} sampling params")
-        rids: list[int] = []
-        for ids, sp in zip(prompt_ids, params):
-            rid = self._next_rid
-            self._next_rid += 1
-            self.scheduler.add_request(rid, ids, sp)
-            rids.append(rid)
-        results: dict[int, dict[str, Any]] = {
-            rid: {
-                "token_ids": [], "finish_reason": None, "prompt_tokens": len(ids), "cached_tokens": 0,
-                "logprobs": [] if sp.logprobs is not None else None, "prompt_logprobs": None,
-            }
-            for rid, ids, sp in zip(rids, prompt_ids, params)
-        }
-        bar = tqdm(total=len(rids), desc="Generating", unit="req", disable=not use_tqdm)
-        pending = len(rids)
-        while pending:
-            for out in self.scheduler.step():
-                result = results.get(out.rid)
-                if result is None:
-                    continue
-                result["token_ids"].extend(out.token_ids)
-                result["cached_tokens"] = out.cached_tokens
-                if out.logprobs is not None:
-                    result["logprobs"].extend(out.logprobs)
-                if out.prompt_logprobs is not None:
-                    result["prompt_logprobs"] = out.prompt_logprobs
-                if out.finish_reason is not None:
-                    result["finish_reason"] = out.finish_reason
-                    pending -= 1
-                    bar.update(1)
-        bar.close()
+            if len(params) != len(prompts):
+                raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        first_rid = self._next_rid
+        self._next_rid += len(prompts)
+        results: dict[int, dict[str, Any]] = {}
+        queued = 0
+        slice_tokens = 2 * self.scheduler.prefill_budget
+
+        def queue_more() -> None:
+            nonlocal queued
+            tokens = 0
+            while queued < len(prompts) and tokens < slice_tokens:
+                ids, sp, rid = self.encode(prompts[queued]), params[queued], first_rid + queued
+                self.scheduler.add_request(rid, ids, sp)
+                results[rid] = {
+                    "token_ids": [], "finish_reason": None, "prompt_tokens": len(ids), "cached_tokens": 0,
+                    "logprobs": [] if sp.logprobs is not None else None, "prompt_logprobs": None,
+                }
+                queued += 1
+                tokens += len(ids)
+
+        bar = tqdm(total=len(prompts), desc="Generating", unit="req", disable=not use_tqdm)
+        pending = len(prompts)
+        try:
+            queue_more()
+            while pending:
+                outputs = self.scheduler.step()
+                queue_more()
+                for out in outputs:
+                    result = results.get(out.rid)
+                    if result is None:
+                        continue
+                    result["token_ids"].extend(out.token_ids)
+                    result["cached_tokens"] = out.cached_tokens
+                    if out.logprobs is not None:
+                        result["logprobs"].extend(out.logprobs)
+                    if out.prompt_logprobs is not None:
+                        result["prompt_logprobs"] = out.prompt_logprobs
+                    if out.finish_reason is not None:
+                        result["finish_reason"] = out.finish_reason
+                        pending -= 1
+                        bar.update(1)
+        except BaseException:
+            for rid, result in results.items():
+                if result["finish_reason"] is None:
+                    self.scheduler.abort(rid)
+            raise
+        finally:
+            bar.close()
         ordered = []
-        for rid in rids:
+        for rid in range(first_rid, first_rid + len(prompts)):
             result = results[rid]
             result["text"] = (
                 self.tokenizer.decode(result["token_ids"], skip_special_tokens=True) if self.has_tokenizer else None

@@ -83,3 +83,19 @@ def test_no_leak_after_aborts(model_dir):
     assert held == sched.allocator.num_pages
     sched.flush_cache()
     assert sched.allocator.num_free == sched.allocator.num_pages
+
+
+def test_bad_prompt_late_in_a_call_leaves_nothing_queued(model_dir):
+    """generate() queues its prompts a slice at a time while the first steps run; a prompt that
+    fails its check after others were queued (and some started) raises, and the requests queued
+    before it are aborted: no request, page or row stays held, and the LLM keeps serving."""
+    llm = LLM(model_dir, device="cpu", page_size=4, num_pages=256, max_prefill_tokens=16)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompts = _prompts(12, seed=3)
+    with pytest.raises(ValueError, match="prompt token ids must be in"):
+        llm.generate([*prompts, [5, 100_000]], params, use_tqdm=False)
+    assert not llm.scheduler.has_work() and not llm.scheduler.reqs
+    llm.scheduler.check_idle_invariants()
+    again = llm.generate(prompts[:3], params, use_tqdm=False)
+    alone = [llm.generate([p], params, use_tqdm=False)[0]["token_ids"] for p in prompts[:3]]
+    assert [r["token_ids"] for r in again] == alone
