@@ -24,6 +24,8 @@ import argparse
 import itertools
 import os
 import statistics
+import subprocess
+import sys
 from typing import Callable, NamedTuple
 
 import torch
@@ -171,6 +173,15 @@ def configs(M: int, N: int, K: int, sms: int, quick: bool, silu: bool = False) -
                 if split == 1 or (tiles * split <= 1.5 * sms and K % (2 * bk * split) == 0):
                     out.append(Cfg(bm, bn, bk, split, 8 if bm * bn >= 128 * 128 else 4, stages))
     return out
+
+
+def compile_in_jobs(script: str, shapes: list[str], batches: list[int], jobs: int) -> None:
+    """Run `script --compile-only --part i` in `jobs` processes (each compiles its share of the
+    launches into Triton's disk cache), for the sweeps whose compiles dominate their run time."""
+    base = [sys.executable, script, "--compile-only", "--shapes", ",".join(shapes),
+            "--batches", ",".join(map(str, batches)), "--jobs", str(jobs)]  # fmt: skip
+    procs = [subprocess.Popen([*base, "--part", str(i)]) for i in range(jobs)]
+    assert all(p.wait() == 0 for p in procs), "a compile job failed"
 
 
 def graph_us(calls: list[Callable[[], object]]) -> float:

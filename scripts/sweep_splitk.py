@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import subprocess
-import sys
 
 import torch
 
@@ -29,7 +27,7 @@ if not torch.cuda.is_available():
 
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
-from sweep_gemm import CALLS, ROTATE_BYTES, graph_us  # noqa: E402  (same directory)
+from sweep_gemm import CALLS, ROTATE_BYTES, compile_in_jobs, graph_us  # noqa: E402  (same directory)
 
 from minisgl.kernels.gemm import GemmConfig, default_config, splitk_gemm  # noqa: E402
 
@@ -91,10 +89,7 @@ def main(shapes: list[str], batches: list[int], jobs: int) -> None:
     torch.manual_seed(0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if jobs > 1:
-        base = [sys.executable, __file__, "--compile-only", "--shapes", ",".join(shapes),
-                "--batches", ",".join(map(str, batches)), "--jobs", str(jobs)]  # fmt: skip
-        procs = [subprocess.Popen([*base, "--part", str(i)]) for i in range(jobs)]
-        assert all(p.wait() == 0 for p in procs), "a compile job failed"
+        compile_in_jobs(__file__, shapes, batches, jobs)
     rows: dict[tuple[str, int], tuple[float, float, float, GemmConfig]] = {}
     current = None
     for name, N, K, residual, M, cfgs in cases(shapes, batches, sms):

@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import subprocess
-import sys
 from typing import NamedTuple
 
 import torch
@@ -32,7 +30,7 @@ if not torch.cuda.is_available():
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from sweep_gemm import CALLS, ROTATE_BYTES, graph_us  # noqa: E402  (same directory)
+from sweep_gemm import CALLS, ROTATE_BYTES, compile_in_jobs, graph_us  # noqa: E402  (same directory)
 
 SHAPES = {"o": (1024, 2048), "down": (1024, 3072)}
 BATCHES = (96, 128, 160, 192, 256)
@@ -176,10 +174,7 @@ def main(shapes, batches, jobs: int) -> None:
     torch.manual_seed(0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if jobs > 1:
-        base = [sys.executable, __file__, "--compile-only", "--shapes", ",".join(shapes),
-                "--batches", ",".join(map(str, batches)), "--jobs", str(jobs)]  # fmt: skip
-        procs = [subprocess.Popen([*base, "--part", str(i)]) for i in range(jobs)]
-        assert all(p.wait() == 0 for p in procs), "a compile job failed"
+        compile_in_jobs(__file__, shapes, batches, jobs)
     ws, counts = buffers("cuda")
     summary = []
     for name in shapes:
