@@ -175,6 +175,20 @@ def configs(M: int, N: int, K: int, sms: int, quick: bool, silu: bool = False) -
     return out
 
 
+def split_k_sweep_args(doc: str, shapes: list[str], batches: tuple[int, ...]) -> argparse.Namespace:
+    """The split-K sweeps' command line: --shapes, --batches (parsed into lists), --jobs and the
+    --compile-only / --part pair that `compile_in_jobs` passes to its processes."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--shapes", default=",".join(shapes))
+    parser.add_argument("--batches", default=",".join(map(str, batches)))
+    parser.add_argument("--jobs", type=int, default=1, help="compile in this many processes first")
+    parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--part", type=int, default=0)
+    args = parser.parse_args()
+    args.shapes, args.batches = args.shapes.split(","), [int(b) for b in args.batches.split(",")]
+    return args
+
+
 def compile_in_jobs(script: str, shapes: list[str], batches: list[int], jobs: int) -> None:
     """Run `script --compile-only --part i` in `jobs` processes (each compiles its share of the
     launches into Triton's disk cache), for the sweeps whose compiles dominate their run time."""

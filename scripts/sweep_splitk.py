@@ -16,7 +16,6 @@ Without CUDA: a self-check of a few launches under the Triton interpreter.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 
@@ -27,7 +26,7 @@ if not torch.cuda.is_available():
 
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
-from sweep_gemm import CALLS, ROTATE_BYTES, compile_in_jobs, graph_us  # noqa: E402  (same directory)
+from sweep_gemm import CALLS, ROTATE_BYTES, compile_in_jobs, graph_us, split_k_sweep_args  # noqa: E402
 
 from minisgl.kernels.gemm import GemmConfig, default_config, splitk_gemm  # noqa: E402
 
@@ -169,18 +168,11 @@ def self_check() -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
-    parser.add_argument("--jobs", type=int, default=1, help="compile in this many processes first")
-    parser.add_argument("--compile-only", action="store_true")
-    parser.add_argument("--part", type=int, default=0)
-    args = parser.parse_args()
-    shape_list, batch_list = args.shapes.split(","), [int(b) for b in args.batches.split(",")]
+    args = split_k_sweep_args(__doc__, list(SHAPES), BATCHES)
     if not torch.cuda.is_available():
         self_check()
     elif args.compile_only:
         sm_count = torch.cuda.get_device_properties(0).multi_processor_count
-        compile_only(shape_list, batch_list, args.part, args.jobs, sm_count)
+        compile_only(args.shapes, args.batches, args.part, args.jobs, sm_count)
     else:
-        main(shape_list, batch_list, args.jobs)
+        main(args.shapes, args.batches, args.jobs)

@@ -18,7 +18,6 @@ Without CUDA: a self-check of a few launches under the Triton interpreter.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 from typing import NamedTuple
@@ -30,7 +29,7 @@ if not torch.cuda.is_available():
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from sweep_gemm import CALLS, ROTATE_BYTES, compile_in_jobs, graph_us  # noqa: E402  (same directory)
+from sweep_gemm import CALLS, ROTATE_BYTES, compile_in_jobs, graph_us, split_k_sweep_args  # noqa: E402
 
 SHAPES = {"o": (1024, 2048), "down": (1024, 3072)}
 BATCHES = (96, 128, 160, 192, 256)
@@ -205,7 +204,7 @@ def main(shapes, batches, jobs: int) -> None:
                   " | ".join(f"{us:6.2f} [{cfg}]" for us, cfg in results[:4]), flush=True)  # fmt: skip
             for kind in ("swap", "mn"):
                 for mode in ("inline", "sumk"):
-                    sub = [r for r in results if (r[1].swap == (kind == "swap")) and (r[1].inline == (mode == "inline"))]
+                    sub = [r for r in results if r[1].swap == (kind == "swap") and r[1].inline == (mode == "inline")]
                     if sub:
                         print(f"      best {kind:>4} {mode:>6}: {sub[0][0]:6.2f} [{sub[0][1]}]")
             if results:
@@ -230,17 +229,11 @@ def self_check() -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
-    parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--compile-only", action="store_true")
-    parser.add_argument("--part", type=int, default=0)
-    args = parser.parse_args()
-    shape_list, batch_list = args.shapes.split(","), [int(b) for b in args.batches.split(",")]
+    args = split_k_sweep_args(__doc__, list(SHAPES), BATCHES)
     if not torch.cuda.is_available():
         self_check()
     elif args.compile_only:
-        compile_only(shape_list, batch_list, args.part, args.jobs, torch.cuda.get_device_properties(0).multi_processor_count)
+        sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+        compile_only(args.shapes, args.batches, args.part, args.jobs, sm_count)
     else:
-        main(shape_list, batch_list, args.jobs)
+        main(args.shapes, args.batches, args.jobs)
