@@ -2,8 +2,7 @@
 shape: R rows of Qwen3's 151,936-entry vocabulary, bf16 logits, temperature 0.6.
 `python scripts/sweep_sampling.py` prints us per call (CUDA-graph replayed) for the default and
 the swept (split, block, warps), and the default with libdevice's exact log2 instead of the
-hardware's approximate one, and with the uniform made from the hash's bits (no int -> float
-convert)."""
+hardware's approximate one."""
 
 from __future__ import annotations
 
