@@ -181,7 +181,10 @@ def test_extend_matches_ref(shape: str, heads: tuple[int, int], head_dim: int, p
     assert_close(out, ref, torch.float32)
 
 
-@pytest.mark.parametrize("shape,heads,head_dim,page_size", [c for c in EXTEND_CPU_CASES if c[1][0] // c[1][1] in (1, 2, 4)])
+PACKABLE_CASES = [case for case in EXTEND_CPU_CASES if case[1][0] // case[1][1] in (1, 2, 4)]
+
+
+@pytest.mark.parametrize("shape,heads,head_dim,page_size", PACKABLE_CASES)
 def test_extend_packed_heads_match_ref(shape: str, heads: tuple[int, int], head_dim: int, page_size: int) -> None:
     """A KV head's q heads packed into one tile's rows (`pack=True`): the same attention."""
     prefix_lens, extend_lens = EXTEND_SHAPES[shape]
