@@ -2,7 +2,7 @@
 # One call on the GPU machine: install the carried wheels, run the GPU tests, run the benchmarks,
 # print a table last. Usage (through the device tool, with carry [".whl"]):
 #   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,host,check,backend,profile,prefill,workload,sweep,main,
-#                                       ragged,attnwl,pdl,sampling,samplingcdf,lmhead,gemm,splitk,splitkwide,pages,gemmab,blasab,
+#                                       ragged,attnwl,pdl,sampling,samplingcdf,lmhead,gemm,splitk,splitkwide,pages,graphlaunch,gemmab,blasab,
 #                                       addmm,copies,bs1ab,layout,gaps,timeline,hostprefill,ablate,bench,bench8b,moe,hf,tp
 #                                       (tp: two GPUs) or all
 # Results land in $OUT (if set) as gpu_tests.log, profile_*.txt and bench.jsonl.
@@ -51,6 +51,7 @@ has lmhead && timeout 150 python3 scripts/sweep_lmhead.py 2>&1 | grep -v skip | 
 has splitkwide && timeout 300 python3 scripts/sweep_splitk_wide.py --jobs 14 2>&1 | grep -v "skip\|compile failed" \
     | tee "$OUT/splitk_wide.txt" | tail -30
 has pages && timeout 200 python3 scripts/sweep_decode_attention.py --pages 2>&1 | tee "$OUT/pages.txt"
+has graphlaunch && timeout 300 python3 scripts/sweep_decode_attention.py --graphs 2>&1 | tee "$OUT/graphs.txt"
 has splitk && timeout 300 python3 scripts/sweep_splitk.py --jobs 12 ${SPLITK_ARGS:-} 2>&1 | tee "$OUT/splitk.txt" | tail -60
 has copies && timeout 150 python3 scripts/probe_copies.py 2>&1 | grep -v INFO | tee "$OUT/copies.txt" | tail -60
 has addmm && timeout 150 python3 scripts/probe_addmm.py 2>&1 | tee "$OUT/addmm.txt"

@@ -11,7 +11,8 @@ pool token-major ([slots, Hkv, D], the engine's) against head-major ([Hkv, slots
 permuted view: each head's page is one contiguous 4 KB run). `--extend`: the extend kernel on
 16k-token chunks of fresh prompts of the workload's lengths and on long-prefix chunks, at a few
 launch shapes (packed q heads or not). `--pages`: the default launch on the workload's batches
-with pages of 16-256 tokens, and with each request's KV contiguous. `--readbw`: what this GPU reads at best (a streaming read of
+with pages of 16-256 tokens, and with each request's KV contiguous. `--graphs`: per captured
+batch size, the workload's batch padded as a replay pads it, the engine's launch against a sweep. `--readbw`: what this GPU reads at best (a streaming read of
 a 4 GB buffer, torch's sum and a Triton kernel); then, on the workload's decode batches, pure reads of
 their K/V through the token table as the attention's programs (one per request and KV head) and
 as one program per request and split reading whole token rows (all KV heads: 2 KB runs)."""
@@ -97,6 +98,40 @@ def ragged(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
             us = bench(lambda: decode_attention(q, k, v, table, rows, seq_lens, 0.088, num_splits=splits, out=out,
                                                 order=order))  # fmt: skip
             print(f"{bs:>4} {sum(lens):>7} {splits:>6} {name:>8} {us:>8.1f} {nbytes / us / 1e6:>6.2f}")
+
+
+def graphs(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
+    """Per captured decode batch size, as a replay runs it: the workload's batch at the last step
+    that still fills it, padded with empty rows to the captured size, split as the engine splits a
+    captured batch; the engine's launch against a sweep of splits, warps, stages and blocks."""
+    from minisgl.engine.graph import graph_batch_sizes
+
+    steps = list(workload_lens(tuple(range(0, 1024, 4))))
+    print(f"{'graph bs':>8} {'live':>4} {'step':>4} {'default us':>10} {'best us':>8} {'best launch':>28}")
+    for size in graph_batch_sizes(256):
+        fits = [(step, lens) for step, lens in steps if len(lens) <= size]
+        if not fits or size < 8:
+            continue
+        step, lens = fits[0]  # the largest batch this size serves
+        padded = lens + [0] * (size - len(lens))
+        table, rows, seq_lens, q, out, _ = make_batch([max(n, 1) for n in padded], num_pages, k.device)
+        seq_lens.copy_(torch.tensor(padded, device=k.device, dtype=torch.int32))
+        nbytes = 2 * sum(lens) * HKV * D * 2
+        order = torch.tensor(sorted(range(size), key=padded.__getitem__, reverse=True), device=k.device,
+                             dtype=torch.int32)  # fmt: skip
+        splits0 = decode_num_splits(size, HKV, D, None, k.device)
+        results = []
+        for splits, blk, warps, stages in itertools.product(
+            sorted({max(1, splits0 // 2), splits0, min(64, splits0 * 2)}), (32, 64), (2, 4), (2, 3)
+        ):
+            us = bench(lambda: decode_attention(q, k, v, table, rows, seq_lens, 0.088, num_splits=splits, out=out,
+                                                order=order, block_n=blk, num_warps=warps, num_stages=stages))  # fmt: skip
+            results.append((us, splits, blk, warps, stages))
+        default = next(r for r in results if r[1:] == (splits0, 64, 2, 2 if splits0 == 1 else 3))
+        best = min(results)
+        launch = f"{best[1]} splits, blk {best[2]}, w {best[3]}, st {best[4]}"
+        print(f"{size:>8} {len(lens):>4} {step:>4} {default[0]:>10.1f} {best[0]:>8.1f} {launch:>28} "
+              f"({nbytes / best[0] / 1e6:.2f} TB/s)", flush=True)  # fmt: skip
 
 
 def workload(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
@@ -307,7 +342,7 @@ def main() -> None:
         return
     k = torch.randn(num_pages * PAGE, HKV, D, device=dev, dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    modes = {"--pages": pages, "--ragged": ragged, "--workload": workload, "--extend": extend, "--readbw": readbw, "--gatherbw": gatherbw}
+    modes = {"--graphs": graphs, "--pages": pages, "--ragged": ragged, "--workload": workload, "--extend": extend, "--readbw": readbw, "--gatherbw": gatherbw}
     for flag, mode in modes.items():
         if flag in sys.argv:
             mode(k, v, num_pages)
