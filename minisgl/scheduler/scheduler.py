@@ -56,6 +56,8 @@ def _pages_for(tokens: int, page_size: int) -> int:
 
 def _slots(pages: list[int], page_size: int, begin: int, end: int) -> list[int]:
     """The KV slots of positions [begin, end) of a request holding `pages`, a page at a time."""
+    if page_size == 1:
+        return pages[begin:end]
     out: list[int] = []
     for i in range(begin // page_size, (end - 1) // page_size + 1):
         base = pages[i] * page_size
@@ -376,8 +378,6 @@ class Scheduler:
                 from_prev.append((len(out_loc) + req.extend_len - 1, pending[id(req)]))
             if end - begin == 1:
                 out_loc.append(pages[begin // ps] * ps + begin % ps)
-            elif ps == 1:
-                out_loc.extend(pages[begin:end])
             else:
                 out_loc.extend(_slots(pages, ps, begin, end))
         released, self._released = self._released, []
