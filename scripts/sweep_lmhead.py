@@ -29,7 +29,7 @@ import triton.language as tl  # noqa: E402
 from sweep_gemm import graph_us  # noqa: E402  (same directory)
 from triton.language.extra.cuda import libdevice  # noqa: E402
 
-from minisgl.kernels.sampling import _pick_split_kernel, gumbel_sample  # noqa: E402
+from minisgl.kernels.sampling import _pick_split_kernel, gumbel_sample, hash_uniform  # noqa: E402
 
 VOCAB, HIDDEN = 151_936, 1024
 
@@ -57,13 +57,8 @@ def _lm_head_sample_kernel(x_ptr, w_ptr, temp_ptr, val_ptr, idx_ptr, M, N, seed,
     temperature = tl.load(temp_ptr + offs_m, mask=m_mask, other=0.0)
     inv_t = 1.4426950408889634 / tl.maximum(temperature, 1e-20)
     row_key = seed.to(tl.uint32) + offs_m.to(tl.uint32) * 0x85EBCA77
-    h = offs_n.to(tl.uint32)[:, None] * 0x9E3779B1 + row_key[None, :]
-    h ^= h >> 16
-    h *= 0x85EBCA6B
-    h ^= h >> 13
-    h *= 0xC2B2AE35
-    h ^= h >> 16
-    u = ((h >> 9) | 0x3F800000).to(tl.float32, bitcast=True) - 0.999999940395355224609375  # as kernels/sampling.py
+    # The sampling kernel's noise, per (token, row).
+    u = hash_uniform(offs_n.to(tl.uint32)[:, None] * 0x9E3779B1 + row_key[None, :])
     if FAST_LOG:
         gumbel = libdevice.fast_log2f(-libdevice.fast_log2f(u))
     else:

@@ -28,7 +28,7 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from minisgl.kernels.sampling import gumbel_sample  # noqa: E402
+from minisgl.kernels.sampling import gumbel_sample, hash_uniform  # noqa: E402
 
 VOCAB = 151_936
 _LOG2E = 1.4426950408889634
@@ -89,13 +89,7 @@ def _cdf_pick_kernel(logits_ptr, temp_ptr, max_ptr, mass_ptr, idx_ptr, tokens_pt
         mass = tl.load(mass_ptr + row * num_splits + offs_s, mask=s_mask, other=0.0)
         mass = mass * tl.where(maxes == float("-inf"), 0.0, tl.exp2(maxes - top))
         # One uniform per row from the same hash as the Gumbel kernel's noise, u in (0, 1).
-        h = row.to(tl.uint32) * 0x9E3779B1 + seed.to(tl.uint32) * 0x85EBCA77
-        h ^= h >> 16
-        h *= 0x85EBCA6B
-        h ^= h >> 13
-        h *= 0xC2B2AE35
-        h ^= h >> 16
-        u = ((h >> 9) | 0x3F800000).to(tl.float32, bitcast=True) - 0.999999940395355224609375
+        u = hash_uniform(row.to(tl.uint32) * 0x9E3779B1 + seed.to(tl.uint32) * 0x85EBCA77)
         target = u * tl.sum(mass, axis=0)
         below = tl.cumsum(mass, axis=0) <= target
         # The split where the cumulative mass passes the target (the last one with mass if rounding
