@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
 from tqdm import tqdm
 
@@ -96,16 +96,19 @@ class LLM:
     ) -> list[dict[str, Any]]:
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # type: ignore[list-item]
-        ids = [self.apply_chat_template(c, **(chat_template_kwargs or {})) for c in conversations]  # type: ignore[arg-type]
-        return self._run(ids, sampling_params, use_tqdm)
+        kwargs = chat_template_kwargs or {}
+        return self._run(list(conversations), sampling_params, use_tqdm,
+                         lambda conversation: self.apply_chat_template(conversation, **kwargs))  # fmt: skip
 
     def _run(
         self,
-        prompts: list[Prompt],
+        prompts: list[Any],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         use_tqdm: bool,
+        encode: Callable[[Any], list[int]] | None = None,
     ) -> list[dict[str, Any]]:
-        """Queue the prompts (text is tokenized here) and step the scheduler until all finish.
+        """Queue the prompts (turned into token ids by `encode`, default `self.encode`) and step
+        the scheduler until all finish.
 
         Prompts are encoded, checked and queued a slice at a time: the first step starts once
         twice its token budget is waiting, and the rest go in between steps while the device
@@ -121,6 +124,7 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        encode = encode or self.encode
         first_rid = self._next_rid
         self._next_rid += len(prompts)
         results: dict[int, dict[str, Any]] = {}
@@ -131,7 +135,7 @@ class LLM:
             nonlocal queued
             tokens = 0
             while queued < len(prompts) and tokens < slice_tokens:
-                ids, sp, rid = self.encode(prompts[queued]), params[queued], first_rid + queued
+                ids, sp, rid = encode(prompts[queued]), params[queued], first_rid + queued
                 self.scheduler.add_request(rid, ids, sp)
                 results[rid] = {
                     "token_ids": [], "finish_reason": None, "prompt_tokens": len(ids), "cached_tokens": 0,
