@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl.attention.triton_backend import _longest_first
 from minisgl.kernels.attention import decode_attention, decode_num_splits, extend_attention
 
 HQ, HKV, D, PAGE = 16, 8, 128, 16
@@ -60,6 +61,11 @@ def make_batch(lens: list[int], num_pages: int, dev: torch.device, page: int = P
     return table, rows, seq_lens, q, torch.empty_like(q), 2 * sum(lens) * HKV * D * 2
 
 
+def longest_first(lens: list[int], dev: torch.device) -> torch.Tensor:
+    """The decode kernel's `order` as the engine passes it: the requests longest first."""
+    return torch.tensor(_longest_first(lens), device=dev, dtype=torch.int32)
+
+
 def workload_lens(steps: tuple[int, ...]):
     """(step, context lengths of the requests still decoding at that step) of the offline workload
     (the issue's command, seed 0)."""
@@ -78,7 +84,7 @@ def pages(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
     print(f"{'step':>4} {'bs':>4} {'page':>8} {'us':>8} {'TB/s':>6}")
     for step, lens in workload_lens((50, 200, 390, 600, 800, 950)):
         bs = len(lens)
-        order = torch.tensor(sorted(range(bs), key=lens.__getitem__, reverse=True), device=k.device, dtype=torch.int32)
+        order = longest_first(lens, k.device)
         splits = decode_num_splits(bs, HKV, D, None, k.device)
         for page, scatter in ((16, True), (32, True), (64, True), (128, True), (256, True), (16, False)):
             table, rows, seq_lens, q, out, nbytes = make_batch(lens, num_pages, k.device, page, scatter)
@@ -93,7 +99,7 @@ def ragged(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
     for bs in (256, 192, 128, 64, 32):
         lens = torch.randint(100, 2049, (bs,), generator=torch.Generator().manual_seed(bs)).tolist()
         table, rows, seq_lens, q, out, nbytes = make_batch(lens, num_pages, k.device)
-        longest = torch.tensor(sorted(range(bs), key=lens.__getitem__, reverse=True), device=k.device, dtype=torch.int32)
+        longest = longest_first(lens, k.device)
         for splits, (name, order) in itertools.product((1, 2, 4), (("batch", None), ("longest", longest))):
             us = bench(lambda: decode_attention(q, k, v, table, rows, seq_lens, 0.088, num_splits=splits, out=out,
                                                 order=order))  # fmt: skip
@@ -117,8 +123,7 @@ def graphs(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
         table, rows, seq_lens, q, out, _ = make_batch([max(n, 1) for n in padded], num_pages, k.device)
         seq_lens.copy_(torch.tensor(padded, device=k.device, dtype=torch.int32))
         nbytes = 2 * sum(lens) * HKV * D * 2
-        order = torch.tensor(sorted(range(size), key=padded.__getitem__, reverse=True), device=k.device,
-                             dtype=torch.int32)  # fmt: skip
+        order = longest_first(padded, k.device)
         splits0 = decode_num_splits(size, HKV, D, None, k.device)
         results = []
         for splits, blk, warps, stages in itertools.product(
@@ -142,7 +147,7 @@ def workload(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
     for step, lens in workload_lens(steps):
         bs = len(lens)
         table, rows, seq_lens, q, out, nbytes = make_batch(lens, num_pages, k.device)
-        order = torch.tensor(sorted(range(bs), key=lens.__getitem__, reverse=True), device=k.device, dtype=torch.int32)
+        order = longest_first(lens, k.device)
         default_splits = decode_num_splits(bs, HKV, D, None, k.device)
         results = []
         split_options = {default_splits, max(1, default_splits // 2), default_splits * 2, min(64, default_splits * 4)}
@@ -165,12 +170,32 @@ EXTEND_LAUNCHES = [(64, 64, 4, 3, False), (128, 64, 8, 3, False), (128, 64, 4, 3
                    (128, 32, 8, 3, True), (128, 32, 4, 3, True), (128, 128, 8, 2, True), (256, 64, 8, 2, True)]
 
 
+def time_extend_launches(label: str, q, k, v, table, rows, seq_lens, extend_lens, starts, flops: float) -> None:
+    """Each of EXTEND_LAUNCHES on one batch: checked against the first (the default), then timed."""
+    ref = None
+    max_extend_len = int(extend_lens.max())
+    for bm, bn, warps, stages, pack in EXTEND_LAUNCHES:
+        try:
+            run = lambda: extend_attention(q, k, v, table, rows, seq_lens, extend_lens, starts, 0.088,  # noqa: E731
+                                           max_extend_len=max_extend_len, block_m=bm, block_n=bn,
+                                           num_warps=warps, num_stages=stages, pack=pack)  # fmt: skip
+            got = run().float()
+            ref = got if (bm, bn, warps, stages, pack) == EXTEND_LAUNCHES[0] else ref
+            assert ref is not None and (got - ref).abs().max().item() < 2e-2, "differs from the default launch"
+            us = bench(run)
+        except Exception as exc:  # out of shared memory, or a wrong result
+            print(f"  skip {bm}x{bn} w{warps} s{stages}: {type(exc).__name__}")
+            continue
+        launch = f"{bm}x{bn} w{warps} s{stages}{' pk' if pack else ''}"
+        print(f"{label:>7} {len(extend_lens):>4} {q.shape[0]:>7} {launch:>18} {us:>8.1f} {flops / us / 1e6:>8.1f}")
+
+
 def extend(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
     """One prefill chunk as the offline workload's first steps have: fresh prompts, lengths
     uniform in [100, 1024], up to 16k tokens; the extend kernel at EXTEND_LAUNCHES."""
     dev = k.device
     gen = torch.Generator().manual_seed(0)
-    print(f"{'chunk':>5} {'reqs':>4} {'tokens':>7} {'launch':>18} {'us':>8} {'TFLOP/s':>8}")
+    print(f"{'chunk':>7} {'reqs':>4} {'tokens':>7} {'launch':>18} {'us':>8} {'TFLOP/s':>8}")
     for chunk in range(3):
         lens: list[int] = []
         while sum(lens) < 16384 - 1024:
@@ -180,20 +205,7 @@ def extend(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
         starts = torch.tensor([sum(lens[:i]) for i in range(len(lens))], device=dev, dtype=torch.int32)
         q = torch.randn(sum(lens), HQ, D, device=dev, dtype=torch.bfloat16)
         flops = sum(4 * n * (n + 1) / 2 * D * HQ for n in lens)
-        for bm, bn, warps, stages, pack in EXTEND_LAUNCHES:
-            try:
-                run = lambda: extend_attention(q, k, v, table, rows, seq_lens, extend_lens, starts, 0.088,  # noqa: E731
-                                               max_extend_len=max(lens), block_m=bm, block_n=bn,
-                                               num_warps=warps, num_stages=stages, pack=pack)  # fmt: skip
-                got = run().float()
-                ref = got if (bm, bn, warps, stages, pack) == EXTEND_LAUNCHES[0] else ref
-                assert (got - ref).abs().max().item() < 2e-2, "differs from the default launch"
-                us = bench(run)
-            except Exception as exc:  # out of shared memory
-                print(f"  skip {bm}x{bn} w{warps} s{stages}: {type(exc).__name__}")
-                continue
-            name = f"{bm}x{bn} w{warps} s{stages}{' pk' if pack else ''}"
-            print(f"{chunk:>5} {len(lens):>4} {sum(lens):>7} {name:>18} {us:>8.1f} {flops / us / 1e6:>8.1f}")
+        time_extend_launches(str(chunk), q, k, v, table, rows, seq_lens, extend_lens, starts, flops)
     # Long prompts cut in chunks: 1k-token chunks of 4 requests on 3k-token cached prefixes (the shape the
     # default launch was tuned on), and one 8k prompt's last 2k.
     for name, lens, new_tokens in (("4x1k/3k", [4096] * 4, 1024), ("2k/6k", [8192], 2048)):
@@ -202,20 +214,7 @@ def extend(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
         starts = torch.arange(len(lens), device=dev, dtype=torch.int32) * new_tokens
         q = torch.randn(len(lens) * new_tokens, HQ, D, device=dev, dtype=torch.bfloat16)
         flops = sum(4 * new_tokens * (n - new_tokens / 2) * D * HQ for n in lens)
-        for bm, bn, warps, stages, pack in EXTEND_LAUNCHES:
-            try:
-                run = lambda: extend_attention(q, k, v, table, rows, seq_lens, extend_lens, starts, 0.088,  # noqa: E731
-                                               max_extend_len=new_tokens, block_m=bm, block_n=bn,
-                                               num_warps=warps, num_stages=stages, pack=pack)  # fmt: skip
-                got = run().float()
-                ref = got if (bm, bn, warps, stages, pack) == EXTEND_LAUNCHES[0] else ref
-                assert (got - ref).abs().max().item() < 2e-2, "differs from the default launch"
-                us = bench(run)
-            except Exception as exc:
-                print(f"  skip {bm}x{bn} w{warps} s{stages}: {type(exc).__name__}")
-                continue
-            launch = f"{bm}x{bn} w{warps} s{stages}{' pk' if pack else ''}"
-            print(f"{name:>7} {len(lens):>4} {q.shape[0]:>7} {launch:>18} {us:>8.1f} {flops / us / 1e6:>8.1f}")
+        time_extend_launches(name, q, k, v, table, rows, seq_lens, extend_lens, starts, flops)
 
 
 def layout(num_pages: int, dev: torch.device) -> None:
@@ -231,7 +230,7 @@ def layout(num_pages: int, dev: torch.device) -> None:
     for step, lens in workload_lens((50, 200, 390, 600, 800, 950)):
         bs = len(lens)
         table, rows, seq_lens, q, out, nbytes = make_batch(lens, num_pages, dev)
-        order = torch.tensor(sorted(range(bs), key=lens.__getitem__, reverse=True), device=dev, dtype=torch.int32)
+        order = longest_first(lens, dev)
         splits0 = decode_num_splits(bs, HKV, D, None, dev)
         for name, (k, v) in caches.items():
             launches = ((splits0, 64, None), (splits0, 32, None), (splits0, 64, 4), (splits0 * 2, 64, None))
@@ -301,7 +300,7 @@ def gatherbw(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
     for step, lens in workload_lens((50, 390, 800)):
         bs = len(lens)
         table, rows, seq_lens, q, out, nbytes = make_batch(lens, num_pages, dev)
-        order = torch.tensor(sorted(range(bs), key=lens.__getitem__, reverse=True), device=dev, dtype=torch.int32)
+        order = longest_first(lens, dev)
         splits0 = decode_num_splits(bs, HKV, D, None, dev)
         us = bench(lambda: decode_attention(q, k, v, table, rows, seq_lens, 0.088, num_splits=splits0, out=out, order=order))
         print(f"step {step} bs {bs}: attention {us:.1f} us {nbytes / us / 1e6:.2f} TB/s")
