@@ -12,10 +12,11 @@ permuted view: each head's page is one contiguous 4 KB run). `--extend`: the ext
 16k-token chunks of fresh prompts of the workload's lengths and on long-prefix chunks, at a few
 launch shapes (packed q heads or not). `--pages`: the default launch on the workload's batches
 with pages of 16-256 tokens, and with each request's KV contiguous. `--graphs`: per captured
-batch size, the workload's batch padded as a replay pads it, the engine's launch against a sweep. `--readbw`: what this GPU reads at best (a streaming read of
-a 4 GB buffer, torch's sum and a Triton kernel); then, on the workload's decode batches, pure reads of
-their K/V through the token table as the attention's programs (one per request and KV head) and
-as one program per request and split reading whole token rows (all KV heads: 2 KB runs)."""
+batch size, the workload's batch padded as a replay pads it, the engine's launch against a sweep.
+`--readbw`: what this GPU reads at best (a streaming read of a 4 GB buffer, torch's sum and a
+Triton kernel). `--gatherbw`: on the workload's decode batches, pure reads of their K/V through the
+token table as the attention's programs (one per request and KV head) and as one program per
+request and split reading whole token rows (all KV heads: 2 KB runs)."""
 
 from __future__ import annotations
 
@@ -341,7 +342,8 @@ def main() -> None:
         return
     k = torch.randn(num_pages * PAGE, HKV, D, device=dev, dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    modes = {"--graphs": graphs, "--pages": pages, "--ragged": ragged, "--workload": workload, "--extend": extend, "--readbw": readbw, "--gatherbw": gatherbw}
+    modes = {"--graphs": graphs, "--pages": pages, "--ragged": ragged, "--workload": workload, "--extend": extend,
+             "--readbw": readbw, "--gatherbw": gatherbw}  # fmt: skip
     for flag, mode in modes.items():
         if flag in sys.argv:
             mode(k, v, num_pages)
