@@ -39,6 +39,7 @@ class Env:
     default_dtype: str | None
     fold_norms: bool
     triton_gemm: bool
+    decode_tuned: bool
     pad_eager: bool | None
 
     @staticmethod
@@ -68,6 +69,9 @@ class Env:
             # The split-K Triton GEMM for o_proj/down_proj of the folded-norm layer where it measured
             # faster than cuBLAS (kernels/gemm.py: small decode batches); 0: cuBLAS only.
             triton_gemm=_bool("MINISGL_TRITON_GEMM", True),
+            # The decode attention launches measured per captured batch size (kernels/attention.py:
+            # GRAPH_TUNED); 0: every size takes the split-count heuristic and the default launch.
+            decode_tuned=_bool("MINISGL_DECODE_TUNED", True),
             # Pad eager (prefill) steps' token and logits row counts to a few sizes, so cuBLAS
             # sees GEMM shapes it has seen before (engine/engine.py: padded_rows); unset: on CUDA.
             pad_eager=_opt_bool("MINISGL_PAD_EAGER"),

@@ -2,7 +2,7 @@
 # One call on the GPU machine: install the carried wheels, run the GPU tests, run the benchmarks,
 # print a table last. Usage (through the device tool, with carry [".whl"]):
 #   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,host,check,backend,profile,prefill,workload,sweep,main,
-#                                       ragged,attnwl,pdl,sampling,samplingcdf,lmhead,gemm,splitk,splitkwide,pages,graphlaunch,gemmab,blasab,
+#                                       ragged,attnwl,pdl,sampling,samplingcdf,lmhead,gemm,splitk,splitkwide,pages,graphlaunch,gemmab,blasab,tunedab,
 #                                       addmm,copies,bs1ab,layout,gaps,timeline,hostprefill,ablate,bench,bench8b,moe,hf,tp
 #                                       (tp: two GPUs) or all
 # Results land in $OUT (if set) as gpu_tests.log, profile_*.txt and bench.jsonl.
@@ -43,7 +43,7 @@ has backend && timeout 120 python3 -m pytest -q -p no:cacheprovider tests/unit/t
 has ragged && timeout 150 python3 scripts/sweep_decode_attention.py --ragged 2>&1 | tee "$OUT/ragged.txt"
 has sweep && timeout 300 python3 scripts/sweep_decode_attention.py 2>&1 | tee "$OUT/sweep.txt"
 has attnwl && timeout 200 python3 scripts/sweep_decode_attention.py --workload 2>&1 | tee "$OUT/attnwl.txt"
-has prefill && timeout 150 python3 scripts/profile_gpu_prefill.py 16 512 2>&1 | grep -v INFO | tee "$OUT/prefill.txt" | head -40
+has prefill && timeout 150 python3 scripts/profile_gpu_prefill.py ${PREFILL_SHAPE:-16 512} 2>&1 | grep -v INFO | tee "$OUT/prefill.txt" | head -40
 has pdl && timeout 60 python3 scripts/probe_pdl.py 2>&1 | tee "$OUT/pdl.txt"
 has sampling && timeout 120 python3 scripts/sweep_sampling.py 2>&1 | tee "$OUT/sampling.txt"
 has samplingcdf && timeout 120 python3 scripts/sweep_sampling_cdf.py 2>&1 | tee "$OUT/sampling_cdf.txt"
@@ -81,6 +81,15 @@ if has bench; then
     bench qwen3-0.6b-nograph 90 $W --cuda-graph-max-bs 0
 fi
 has main && bench qwen3-0.6b 110 $W  # the headline run alone
+if has tunedab; then  # the per-size decode launches (GRAPH_TUNED) against the heuristic, interleaved
+    for i in 1 2; do
+        bench qwen3-0.6b-tuned-$i 110 $W
+        MINISGL_DECODE_TUNED=0 bench qwen3-0.6b-untuned-$i 110 $W
+    done
+    B1="--model configs/qwen3-0.6b --dummy-weights --num-seqs 1 --min-input 128 --max-input 128 --min-output 1024 --max-output 1024"
+    bench bs1-tuned 45 $B1
+    MINISGL_DECODE_TUNED=0 bench bs1-untuned 45 $B1
+fi
 if has gemmab; then  # the split-K Triton GEMM where it pays (default) vs cuBLAS only, and cuBLASLt
     MINISGL_TRITON_GEMM=0 bench qwen3-0.6b-cublas 110 $W
     bench qwen3-0.6b-tgemm 110 $W

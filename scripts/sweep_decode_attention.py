@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 
 from minisgl.attention.triton_backend import _longest_first
-from minisgl.kernels.attention import decode_attention, decode_num_splits, extend_attention
+from minisgl.kernels.attention import GRAPH_TUNED, decode_attention, decode_num_splits, extend_attention
+from minisgl.kernels.impl import num_sms
 
 HQ, HKV, D, PAGE = 16, 8, 128, 16
 SHAPES = [(256, 512), (256, 900), (128, 1000), (64, 1200), (32, 1000), (8, 1000), (1, 1100)]
@@ -109,35 +110,46 @@ def ragged(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
 
 def graphs(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
     """Per captured decode batch size, as a replay runs it: the workload's batch at the last step
-    that still fills it, padded with empty rows to the captured size, split as the engine splits a
-    captured batch; the engine's launch against a sweep of splits, warps, stages and blocks."""
+    that still fills it (GRAPH_AT=mid: the middle of the steps the size serves), padded with empty
+    rows to the captured size, split as the engine splits a captured batch; the heuristic launch
+    and the tuned one (GRAPH_TUNED) against a sweep of splits, warps, stages and blocks.
+    GRAPH_SIZES=a,b,...: only those sizes."""
     from minisgl.engine.graph import graph_batch_sizes
 
     steps = list(workload_lens(tuple(range(0, 1024, 4))))
-    print(f"{'graph bs':>8} {'live':>4} {'step':>4} {'default us':>10} {'best us':>8} {'best launch':>28}")
-    for size in graph_batch_sizes(256):
-        fits = [(step, lens) for step, lens in steps if len(lens) <= size]
-        if not fits or size < 8:
+    at_mid = os.environ.get("GRAPH_AT", "last") == "mid"
+    only = {int(x) for x in os.environ.get("GRAPH_SIZES", "").split(",") if x}
+    sizes = graph_batch_sizes(256)
+    print(f"{'graph bs':>8} {'live':>4} {'step':>4} {'default us':>10} {'tuned us':>8} {'best us':>8} {'best launch':>28}")
+    for prev, size in zip([0] + sizes, sizes):
+        serves = [(step, lens) for step, lens in steps if prev < len(lens) <= size]
+        if not serves or (only and size not in only):
             continue
-        step, lens = fits[0]  # the largest batch this size serves
+        step, lens = serves[len(serves) // 2] if at_mid else serves[0]
         padded = lens + [0] * (size - len(lens))
         table, rows, seq_lens, q, out, _ = make_batch([max(n, 1) for n in padded], num_pages, k.device)
         seq_lens.copy_(torch.tensor(padded, device=k.device, dtype=torch.int32))
         nbytes = 2 * sum(lens) * HKV * D * 2
         order = longest_first(padded, k.device)
         splits0 = decode_num_splits(size, HKV, D, None, k.device)
+        tuned = GRAPH_TUNED.get((num_sms(k.device), HKV, HQ, D), {}).get(size)
         results = []
         for splits, blk, warps, stages in itertools.product(
-            sorted({max(1, splits0 // 2), splits0, min(64, splits0 * 2)}), (32, 64), (2, 4), (2, 3)
+            sorted({max(1, splits0 // 2), splits0, min(64, splits0 * 2)}), (32, 64), (2, 4), (2, 3, 4)
         ):
             us = bench(lambda: decode_attention(q, k, v, table, rows, seq_lens, 0.088, num_splits=splits, out=out,
                                                 order=order, block_n=blk, num_warps=warps, num_stages=stages))  # fmt: skip
             results.append((us, splits, blk, warps, stages))
         default = next(r for r in results if r[1:] == (splits0, 64, 2, 2 if splits0 == 1 else 3))
-        best = min(results)
-        launch = f"{best[1]} splits, blk {best[2]}, w {best[3]}, st {best[4]}"
-        print(f"{size:>8} {len(lens):>4} {step:>4} {default[0]:>10.1f} {best[0]:>8.1f} {launch:>28} "
-              f"({nbytes / best[0] / 1e6:.2f} TB/s)", flush=True)  # fmt: skip
+        tuned_us = "-"
+        if tuned is not None:
+            us = bench(lambda: decode_attention(q, k, v, table, rows, seq_lens, 0.088, out=out, order=order,
+                                                **tuned._asdict()))  # fmt: skip
+            tuned_us = f"{us:.1f}"
+        for rank, best in enumerate(sorted(results)[:3]):  # the best three, to tell a win from noise
+            launch = f"{best[1]} splits, blk {best[2]}, w {best[3]}, st {best[4]}"
+            first = f"{size:>8} {len(lens):>4} {step:>4} {default[0]:>10.1f} {tuned_us:>8}" if rank == 0 else " " * 38
+            print(f"{first} {best[0]:>8.1f} {launch:>28} ({nbytes / best[0] / 1e6:.2f} TB/s)", flush=True)
 
 
 def workload(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:

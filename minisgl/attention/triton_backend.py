@@ -19,8 +19,10 @@ from minisgl.attention.base import BaseAttnBackend, KVStore
 from minisgl.attention.batch import ForwardBatch
 from minisgl.kernels.attention import (
     MAX_DECODE_SPLITS,
+    DecodeLaunch,
     alloc_decode_buffers,
     decode_attention,
+    decode_graph_launch,
     decode_num_splits,
     extend_attention,
 )
@@ -34,7 +36,7 @@ class TritonDecodeMeta:
     rows: torch.Tensor  # [B] int64
     seq_lens: torch.Tensor  # [B] int32
     order: torch.Tensor  # [B] int32: the requests longest first, the order their programs start in
-    num_splits: int  # launch constant of the split-K kernel
+    launch: DecodeLaunch  # the split-K kernel's split count (a launch constant), tile and pipeline
     mid_o: torch.Tensor  # [>=B, Hq, >=num_splits, D] fp32 partial outputs
     mid_lse: torch.Tensor  # [>=B, Hq, >=num_splits] fp32 partial log-sum-exps
 
@@ -103,7 +105,7 @@ class TritonAttnBackend(BaseAttnBackend):
         num_splits = decode_num_splits(batch_size, self.num_kv_heads, self.head_dim, max(lens), self.device)
         mid_o, mid_lse = alloc_decode_buffers(batch_size, self.num_heads, self.head_dim, num_splits, self.device)
         order = upload(_longest_first(lens), torch.int32, self.device)
-        return TritonDecodeMeta(rows, seq_lens, order, num_splits, mid_o, mid_lse)
+        return TritonDecodeMeta(rows, seq_lens, order, DecodeLaunch(num_splits), mid_o, mid_lse)
 
     def _extend_meta(self, batch: ForwardBatch) -> TritonExtendMeta:
         lens = batch.extend_lens_cpu
@@ -144,7 +146,7 @@ class TritonAttnBackend(BaseAttnBackend):
         if isinstance(meta, TritonDecodeMeta):
             return decode_attention(
                 q, k_cache, v_cache, batch.token_table, meta.rows, meta.seq_lens, self.sm_scale,
-                num_splits=meta.num_splits, mid_o=meta.mid_o, mid_lse=meta.mid_lse, order=meta.order,
+                mid_o=meta.mid_o, mid_lse=meta.mid_lse, order=meta.order, **meta.launch._asdict(),
             )  # fmt: skip
         assert isinstance(meta, TritonExtendMeta), "prepare() did not run for this batch"
         split = meta.split
@@ -164,7 +166,7 @@ class TritonAttnBackend(BaseAttnBackend):
         d = split.decode
         decoded = decode_attention(
             q.index_select(0, split.token_idx), k_cache, v_cache, batch.token_table, d.rows, d.seq_lens,
-            self.sm_scale, num_splits=d.num_splits, mid_o=d.mid_o, mid_lse=d.mid_lse, order=d.order,
+            self.sm_scale, mid_o=d.mid_o, mid_lse=d.mid_lse, order=d.order, **d.launch._asdict(),
         )  # fmt: skip
         return out.index_copy_(0, split.token_idx, decoded)
 
@@ -193,7 +195,7 @@ class TritonAttnBackend(BaseAttnBackend):
     # --- CUDA graphs (decode only) ---
 
     def init_graph_state(self, max_bs: int) -> None:
-        capacity = max(bs * self._graph_splits(bs) for bs in range(1, max_bs + 1))
+        capacity = max(bs * self._graph_launch(bs).num_splits for bs in range(1, max_bs + 1))
         self._graph = _GraphBuffers(
             max_bs=max_bs,
             order=torch.arange(max_bs, dtype=torch.int32, device=self.device),
@@ -208,19 +210,20 @@ class TritonAttnBackend(BaseAttnBackend):
         this backend's static order and scratch.
 
         The split count assumes a long context (lengths change between replays); requests shorter
-        than that leave the surplus splits empty."""
+        than that leave the surplus splits empty. Sizes measured on this GPU and shape take their
+        tuned launch (`GRAPH_TUNED`)."""
         graph = self._graph_for(batch)
         batch_size = batch.batch_size
         if graph.token_table_ptr is None:
             graph.token_table_ptr = batch.token_table.data_ptr()
         self.prepare_for_replay(batch)
-        num_splits = self._graph_splits(batch_size)
-        shape = (batch_size, self.num_heads, num_splits)
+        launch = self._graph_launch(batch_size)
+        shape = (batch_size, self.num_heads, launch.num_splits)
         batch.attn_meta = TritonDecodeMeta(
             rows=batch.rows,
             seq_lens=batch.seq_lens,
             order=graph.order[:batch_size],
-            num_splits=num_splits,
+            launch=launch,
             mid_o=graph.mid_o[: math.prod(shape) * self.head_dim].view(*shape, self.head_dim),
             mid_lse=graph.mid_lse[: math.prod(shape)].view(shape),
         )
@@ -235,8 +238,8 @@ class TritonAttnBackend(BaseAttnBackend):
         order = _longest_first(batch.seq_lens_cpu) + list(range(batch_size, graph.max_bs))
         graph.order.copy_(graph.order_host.stage(array("i", order)), non_blocking=True)
 
-    def _graph_splits(self, batch_size: int) -> int:
-        return decode_num_splits(batch_size, self.num_kv_heads, self.head_dim, None, self.device)
+    def _graph_launch(self, batch_size: int) -> DecodeLaunch:
+        return decode_graph_launch(batch_size, self.num_heads, self.num_kv_heads, self.head_dim, self.device)
 
     def _graph_for(self, batch: ForwardBatch) -> _GraphBuffers:
         graph = self._graph

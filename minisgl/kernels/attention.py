@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
+from minisgl.env import ENV
 from minisgl.kernels.impl import num_sms
 from minisgl.kernels.pdl import pdl_args
 
@@ -454,6 +455,50 @@ def decode_num_splits(
     return 1 << (splits.bit_length() - 1)
 
 
+class DecodeLaunch(NamedTuple):
+    """A decode attention launch: the split count and the stage-1 kernel's tile and pipeline
+    (None: `decode_attention`'s defaults)."""
+
+    num_splits: int
+    block_n: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+
+# Launches measured per captured batch size, where one beat `decode_num_splits` + the defaults:
+# H200 (132 SMs), 8 KV heads of D 128 with 2 q heads each (Qwen3-0.6B), bf16. Each was timed on the
+# offline workload's batch at the last step the size serves, padded as a replay pads it
+# (`sweep_decode_attention.py --graphs`, BENCHMARKS.md ninth session), us per call, default -> this:
+GRAPH_TUNED: dict[tuple[int, int, int, int], dict[int, DecodeLaunch]] = {
+    # (SMs, KV heads, q heads, head_dim): {captured batch size: launch}
+    (132, 8, 16, 128): {
+        1: DecodeLaunch(32, 32, 2, 3),  # 8.9 -> 7.3: 64 splits of a ~2k context leave half empty
+        2: DecodeLaunch(32, 64, 2, 2),  # 11.6 -> 9.2
+        4: DecodeLaunch(16, 64, 2, 2),  # 13.5 -> 11.2
+        8: DecodeLaunch(16, 32, 2, 2),  # 20.1 -> 18.2
+        32: DecodeLaunch(8, 64, 4, 2),  # 58.2 -> 56.6
+        80: DecodeLaunch(2, 64, 2, 2),  # 108.0 -> 106.9
+        96: DecodeLaunch(1, 64, 4, 3),  # 117.7 -> 116.4
+        112: DecodeLaunch(1, 64, 4, 2),  # 124.7 -> 123.0
+        176: DecodeLaunch(1, 32, 2, 3),  # 159.1 -> 152.4
+        192: DecodeLaunch(1, 32, 2, 3),  # 161.1 -> 156.9
+    },
+}
+
+
+def decode_graph_launch(
+    batch_size: int, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device
+) -> DecodeLaunch:
+    """The launch a CUDA graph captures for `batch_size` requests: the measured one where
+    `GRAPH_TUNED` has this GPU, shape and size (MINISGL_DECODE_TUNED=0 ignores the table), else
+    the heuristic split count for a long context with the default launch."""
+    if ENV.decode_tuned and device.type == "cuda":
+        tuned = GRAPH_TUNED.get((num_sms(device), num_kv_heads, num_heads, head_dim), {}).get(batch_size)
+        if tuned is not None:
+            return tuned
+    return DecodeLaunch(decode_num_splits(batch_size, num_kv_heads, head_dim, None, device))
+
+
 def alloc_decode_buffers(
     batch_size: int, num_heads: int, head_dim: int, num_splits: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -547,7 +592,9 @@ def decode_attention(
 __all__ = [
     "MAX_DECODE_SPLITS",
     "alloc_decode_buffers",
+    "DecodeLaunch",
     "decode_attention",
+    "decode_graph_launch",
     "decode_num_splits",
     "extend_attention",
     "is_interpreted",

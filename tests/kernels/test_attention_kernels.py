@@ -20,10 +20,14 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 # Without CUDA, tests/conftest.py has put triton in interpreter mode before this import.
 
+from minisgl.engine.graph import graph_batch_sizes  # noqa: E402
 from minisgl.kernels.attention import (  # noqa: E402
+    GRAPH_TUNED,
     MAX_DECODE_SPLITS,
+    DecodeLaunch,
     alloc_decode_buffers,
     decode_attention,
+    decode_graph_launch,
     decode_num_splits,
     extend_attention,
     is_interpreted,
@@ -314,6 +318,36 @@ def test_decode_gpu_sweep(dtype: torch.dtype, heads: tuple[int, int], head_dim: 
     for num_splits in (1, auto, MAX_DECODE_SPLITS):
         out, ref = run_decode(case, head_dim**-0.5, num_splits=num_splits)
         assert_close(out, ref, dtype)
+
+
+def test_graph_tuned_launches_are_valid() -> None:
+    """Every measured launch is one the kernel and the graph scratch take: a power-of-two split
+    count within MAX_DECODE_SPLITS (eager decode compiles only those), a tile the sweep ran."""
+    for (sms, num_kv_heads, num_heads, head_dim), table in GRAPH_TUNED.items():
+        assert sms > 0 and num_heads % num_kv_heads == 0 and head_dim in (64, 128, 256)
+        for batch_size, launch in table.items():
+            assert batch_size in graph_batch_sizes(256)
+            assert launch.num_splits in {1, 2, 4, 8, 16, 32, 64}
+            assert launch.block_n in (16, 32, 64) and launch.num_warps in (2, 4, 8) and launch.num_stages in (2, 3, 4)
+    # Off CUDA (and with MINISGL_DECODE_TUNED=0) the heuristic's count and the default launch.
+    assert decode_graph_launch(1, 16, 8, 128, DEVICE) == DecodeLaunch(decode_num_splits(1, 8, 128, None, DEVICE))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_gpu_graph_tuned_launches(dtype: torch.dtype) -> None:
+    """Each launch of GRAPH_TUNED, on its shape, against the reference: long, short and empty
+    (padding) requests, as a captured batch holds them."""
+    for (_, num_kv_heads, num_heads, head_dim), table in GRAPH_TUNED.items():
+        for batch_size, launch in table.items():
+            seq_lens = [(1 + 977 * i) % 2100 + 1 for i in range(batch_size)]
+            case = build_case([n - 1 for n in seq_lens], [1] * batch_size, num_heads, num_kv_heads, head_dim, 16,
+                              dtype, seed=batch_size)  # fmt: skip
+            if batch_size > 1:
+                case.seq_lens[-1] = 0  # a padding row: attends to nothing, outputs zeros
+            out, ref = run_decode(case, head_dim**-0.5, **launch._asdict())
+            assert_close(out, ref, dtype)
 
 
 @gpu

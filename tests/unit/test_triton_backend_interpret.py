@@ -130,7 +130,7 @@ def test_extend_then_decode_match_reference(heads: tuple[int, int], head_dim: in
     backend.prepare(batch)
     meta = batch.attn_meta
     assert isinstance(meta, TritonDecodeMeta)
-    assert meta.num_splits == decode_num_splits(3, num_kv_heads, head_dim, long_prefix + 13, DEVICE)
+    assert meta.launch.num_splits == decode_num_splits(3, num_kv_heads, head_dim, long_prefix + 13, DEVICE)
     for layer in range(NUM_LAYERS):
         q, k, v = random_qkv(batch.num_tokens, heads, head_dim, gen)
         out = backend.forward(q, k, v, layer, batch)
@@ -193,7 +193,7 @@ def test_graph_buffers_replay_smaller_batch() -> None:
     backend.prepare_for_capture(capture)
     captured = capture.attn_meta
     assert isinstance(captured, TritonDecodeMeta)
-    assert captured.num_splits == decode_num_splits(4, heads[1], head_dim, None, DEVICE)
+    assert captured.launch.num_splits == decode_num_splits(4, heads[1], head_dim, None, DEVICE)
 
     live = make_batch(reqs, [1, 1, 1])
     # What the runner does before a replay: the live batch into its static buffers (the captured
