@@ -239,7 +239,9 @@ class TritonAttnBackend(BaseAttnBackend):
         graph.order.copy_(graph.order_host.stage(array("i", order)), non_blocking=True)
 
     def _graph_launch(self, batch_size: int) -> DecodeLaunch:
-        return decode_graph_launch(batch_size, self.num_heads, self.num_kv_heads, self.head_dim, self.device)
+        return decode_graph_launch(
+            batch_size, self.num_heads, self.num_kv_heads, self.head_dim, self.pool.dtype, self.device
+        )
 
     def _graph_for(self, batch: ForwardBatch) -> _GraphBuffers:
         graph = self._graph

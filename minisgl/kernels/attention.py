@@ -487,12 +487,13 @@ GRAPH_TUNED: dict[tuple[int, int, int, int], dict[int, DecodeLaunch]] = {
 
 
 def decode_graph_launch(
-    batch_size: int, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device
+    batch_size: int, num_heads: int, num_kv_heads: int, head_dim: int, kv_dtype: torch.dtype, device: torch.device
 ) -> DecodeLaunch:
     """The launch a CUDA graph captures for `batch_size` requests: the measured one where
-    `GRAPH_TUNED` has this GPU, shape and size (MINISGL_DECODE_TUNED=0 ignores the table), else
-    the heuristic split count for a long context with the default launch."""
-    if ENV.decode_tuned and device.type == "cuda":
+    `GRAPH_TUNED` has this GPU, shape and size and the KV cache is 16-bit, as measured
+    (MINISGL_DECODE_TUNED=0 ignores the table), else the heuristic split count for a long context
+    with the default launch."""
+    if ENV.decode_tuned and device.type == "cuda" and kv_dtype.itemsize == 2:
         tuned = GRAPH_TUNED.get((num_sms(device), num_kv_heads, num_heads, head_dim), {}).get(batch_size)
         if tuned is not None:
             return tuned
