@@ -189,6 +189,21 @@ def split_k_sweep_args(doc: str, shapes: list[str], batches: tuple[int, ...]) ->
     return args
 
 
+def run_split_k_sweep(doc: str, shapes: list[str], batches: tuple[int, ...], self_check: Callable[[], None],
+                      compile_only: Callable[..., None], main: Callable[..., None]) -> None:  # fmt: skip
+    """A split-K sweep script's entry point: without CUDA its CPU `self_check`; with
+    --compile-only (a `compile_in_jobs` process) `compile_only(shapes, batches, part, parts, sms)`;
+    else `main(shapes, batches, jobs)`."""
+    args = split_k_sweep_args(doc, shapes, batches)
+    if not torch.cuda.is_available():
+        self_check()
+    elif args.compile_only:
+        sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+        compile_only(args.shapes, args.batches, args.part, args.jobs, sm_count)
+    else:
+        main(args.shapes, args.batches, args.jobs)
+
+
 def compile_in_jobs(script: str, shapes: list[str], batches: list[int], jobs: int) -> None:
     """Run `script --compile-only --part i` in `jobs` processes (each compiles its share of the
     launches into Triton's disk cache), for the sweeps whose compiles dominate their run time."""

@@ -29,7 +29,7 @@ if not torch.cuda.is_available():
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from sweep_gemm import CALLS, ROTATE_BYTES, compile_in_jobs, graph_us, split_k_sweep_args  # noqa: E402
+from sweep_gemm import CALLS, ROTATE_BYTES, compile_in_jobs, graph_us, run_split_k_sweep  # noqa: E402
 
 SHAPES = {"o": (1024, 2048), "down": (1024, 3072)}
 BATCHES = (96, 128, 160, 192, 256)
@@ -229,11 +229,4 @@ def self_check() -> None:
 
 
 if __name__ == "__main__":
-    args = split_k_sweep_args(__doc__, list(SHAPES), BATCHES)
-    if not torch.cuda.is_available():
-        self_check()
-    elif args.compile_only:
-        sm_count = torch.cuda.get_device_properties(0).multi_processor_count
-        compile_only(args.shapes, args.batches, args.part, args.jobs, sm_count)
-    else:
-        main(args.shapes, args.batches, args.jobs)
+    run_split_k_sweep(__doc__, list(SHAPES), BATCHES, self_check, compile_only, main)
