@@ -1,7 +1,8 @@
 """Where the offline workload's time goes: `python -m minisgl.bench profile MODE [options]`.
 
 The workload and engine options are `bench offline`'s (default: its 256 random prompts; on a CPU
-pass a small one, e.g. `--device cpu --num-seqs 4 --max-input 64 --max-output 16`). Modes:
+pass a small one, e.g. `--device cpu --num-seqs 4 --min-input 16 --max-input 64 --min-output 8
+--max-output 16`). Modes:
 
   steps    every scheduler step timed (wall clock around `Scheduler.step`), summed by kind: steps
            that admit or prefill requests, and decode steps by batch size; plus the host time to
@@ -128,7 +129,8 @@ def profile_steps(llm: Any, args: argparse.Namespace, prompts: list[list[int]], 
     lines = [_run_summary(run), f"{'step kind':16} {'steps':>6} {'wall s':>8} {'ms/step':>8} {'max ms':>8}"]
     for kind in order:
         times = kinds[kind]
-        lines.append(f"{kind:16} {len(times):>6} {sum(times):>8.3f} {sum(times) / len(times) * 1e3:>8.3f} {max(times) * 1e3:>8.3f}")
+        total = sum(times)
+        lines.append(f"{kind:16} {len(times):>6} {total:>8.3f} {total / len(times) * 1e3:>8.3f} {max(times) * 1e3:>8.3f}")
     lines.append(f"{'all steps':16} {len(run.steps):>6} {sum(s.seconds for s in run.steps):>8.3f}")
     return lines
 
@@ -159,7 +161,8 @@ def profile_host(llm: Any, args: argparse.Namespace, prompts: list[list[int]], o
              f"under cProfile: {_run_summary(run)}",
              "minisgl functions by cumulative host time (ms/step cumulative, ms/step own, calls/step):"]  # fmt: skip
     for func, (_, calls, own, cumulative, _) in sorted(ours, key=lambda kv: -kv[1][3])[: args.rows]:
-        lines.append(f"  {cumulative / steps * 1e3:8.3f} {own / steps * 1e3:8.3f} {calls / steps:8.1f}  {_label(func, root)}")
+        per_step = f"{cumulative / steps * 1e3:8.3f} {own / steps * 1e3:8.3f} {calls / steps:8.1f}"
+        lines.append(f"  {per_step}  {_label(func, root)}")
     lines.append("all functions by own host time (ms/step, calls/step):")
     for func, (_, calls, own, _, _) in sorted(stats.items(), key=lambda kv: -kv[1][2])[: args.rows]:
         lines.append(f"  {own / steps * 1e3:8.3f} {calls / steps:8.1f}  {_label(func, root)}")
@@ -259,8 +262,10 @@ PROFILES: dict[str, Callable[[Any, argparse.Namespace, list[list[int]], list[int
 def build_parser() -> argparse.ArgumentParser:
     from minisgl.bench.offline import build_parser as offline_parser
 
-    p = argparse.ArgumentParser(prog="python -m minisgl.bench profile", description=__doc__, add_help=False,
-                                parents=[offline_parser()], formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m minisgl.bench profile", description=__doc__, add_help=False, parents=[offline_parser()],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("mode", choices=MODES)
     p.add_argument("--rows", type=int, default=25, help="rows of each table (host, table)")
     p.add_argument("--window", default=None, help="table: profile steps A to B only (A-B)")
@@ -280,6 +285,8 @@ def main(argv: list[str]) -> int:
         parser.error("profile runs minisgl on one rank (no --tp, --peer or --no-minisgl)")
     if args.repeat < 1 or args.rows < 1:
         parser.error("--repeat and --rows take a positive count")
+    if not (0 < args.min_input <= args.max_input and 0 < args.min_output <= args.max_output):
+        parser.error("the workload needs 0 < --min-input <= --max-input and 0 < --min-output <= --max-output")
     try:
         _window(args.window)
     except ValueError as exc:

@@ -18,7 +18,7 @@ import numpy as np
 
 from minisgl.models.errors import ModelSourceError
 from minisgl.models.gguf_config import build_config, build_generation_config
-from minisgl.models.gguf_reader import ARCHS, numpy_shape, check_tensor_type, dequantize_tensor, open_gguf, read_metadata
+from minisgl.models.gguf_reader import ARCHS, check_tensor_type, dequantize_tensor, numpy_shape, open_gguf, read_metadata
 from minisgl.models.gguf_tokenizer import write_tokenizer_files
 from minisgl.utils.logging import get_logger
 

@@ -108,7 +108,9 @@ def test_drive_aborts_what_it_queued_on_error(setup: tuple[Any, Any, list[list[i
 def test_parser_refuses_what_profile_cannot_do() -> None:
     from minisgl.bench.profile import main
 
-    for argv in (["steps", "--tp", "2"], ["steps", "--peer", "hf"], ["table", "--window", "5-2"], ["nope"]):
+    bad = (["steps", "--tp", "2"], ["steps", "--peer", "hf"], ["table", "--window", "5-2"], ["nope"],
+           ["steps", "--max-input", "64"], ["host", "--min-output", "9", "--max-output", "8"])  # fmt: skip
+    for argv in bad:
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2, argv

@@ -262,6 +262,67 @@ def test_env_vars_read_only_in_env_py() -> None:
     assert stray == [], "MINISGL_ outside minisgl/env.py:\n" + "\n".join(stray)
 
 
+def _replaced_attributes(source: str) -> list[int]:
+    """Lines that assign to an attribute of something imported from minisgl (`Engine.launch = f`,
+    `engine_mod.LaunchedStep.result = f`, tuple targets too) or call `setattr`."""
+    tree = ast.parse(source)
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.asname or alias.name.split(".")[0] for alias in node.names if alias.name.startswith("minisgl")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("minisgl"):
+            names |= {alias.asname or alias.name for alias in node.names}
+
+    def from_minisgl(value: ast.expr) -> bool:
+        while isinstance(value, ast.Attribute):
+            value = value.value
+        return isinstance(value, ast.Name) and value.id in names
+
+    for _ in range(3):  # local aliases: `Engine = engine_mod.Engine`, `A, B = mod.A, mod.B`
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target, value = node.targets[0], node.value
+                tuples = isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
+                pairs = zip(target.elts, value.elts) if tuples else [(target, value)]
+                names |= {t.id for t, v in pairs if isinstance(t, ast.Name) and from_minisgl(v)}
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets = [node.target]
+        else:
+            targets = []
+        for target in targets:
+            for item in target.elts if isinstance(target, ast.Tuple) else [target]:
+                base = item
+                while isinstance(base, ast.Attribute):
+                    base = base.value
+                if item is not base and isinstance(base, ast.Name) and base.id in names:
+                    lines.append(node.lineno)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_replaced_attribute_reader() -> None:
+    source = (
+        "import minisgl.engine.engine as engine_mod\nfrom minisgl.scheduler.scheduler import Scheduler\n"
+        "import triton.knobs\nclass Local: pass\n"
+        "engine_mod.LaunchedStep.result = None\nScheduler.step, Scheduler._plan = 1, 2\n"
+        "triton.knobs.runtime.jit_cache_hook = None\nLocal.x = 1\nsetattr(Local, 'y', 2)\nvalue = Scheduler\n"
+    )
+    assert _replaced_attributes(source) == [5, 6, 9]
+
+
+def test_no_timing_code_replaces_methods() -> None:
+    """Profilers and tools measure through hooks (cProfile, torch.profiler, Triton's JIT hook, the
+    scheduler's public calls), never by assigning over an attribute of a minisgl class or module."""
+    files = sorted([*(ROOT / "tools").glob("*.py"), *(PACKAGE / "bench").glob("*.py")])
+    replaced = [f"{path.relative_to(ROOT)}:{line}" for path in files for line in _replaced_attributes(path.read_text())]
+    assert replaced == [], "attributes of minisgl replaced at run time:\n" + "\n".join(replaced)
+
+
 @pytest.mark.parametrize("tool", sorted(p.name for p in (ROOT / "tools").glob("*.py")) if (ROOT / "tools").is_dir() else [])
 def test_tools_say_what_they_measured(tool: str) -> None:
     """Each research tool (outside the package) opens with a docstring naming where its findings
