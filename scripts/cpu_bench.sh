@@ -98,7 +98,7 @@ if [ "$needs_llama" = 1 ]; then
     LLAMA_VERSION=$("$LLAMA_SERVER" --version 2>&1 | grep -m1 -i version || echo unknown)
     if [ ! -f "$F32_GGUF" ]; then
         mkdir -p "$(dirname "$F32_GGUF")"
-        "$PY" scripts/peer/dequant_gguf.py "$Q41_GGUF" "$F32_GGUF"
+        "$PY" -m minisgl.bench dequant-gguf "$Q41_GGUF" "$F32_GGUF"
     fi
 else
     cached=$(ls "$CACHE"/build-*/bin/llama-server 2>/dev/null | head -1 || true)
@@ -150,7 +150,7 @@ report=$WORK/report.md
          "W3: 32 concurrent, shared 400-token prefix + 16-32-token questions, 64 out"
     if [ -n "${BENCH_NOTE:-}" ]; then echo "- note: $BENCH_NOTE"; fi
     echo
-    "$PY" scripts/peer/bench_table.py "$RESULTS"
+    "$PY" -m minisgl.bench table "$RESULTS"
     echo
 } >"$report"
 cat "$report"

@@ -1,135 +1,202 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: install the carried wheels, run the GPU tests, run the benchmarks,
-# print a table last. Usage (through the device tool, with carry [".whl"]):
-#   bash scripts/gpu_run.sh PHASES      PHASES: comma-separated diag,host,check,backend,profile,prefill,workload,sweep,main,
-#                                       ragged,attnwl,pdl,sampling,samplingcdf,lmhead,gemm,splitk,splitkwide,pages,graphlaunch,gemmab,blasab,tunedab,
-#                                       addmm,copies,bs1ab,layout,gaps,timeline,hostprefill,ablate,bench,bench8b,moe,hf,tp
-#                                       (tp: two GPUs) or all
-# Results land in $OUT (if set) as gpu_tests.log, profile_*.txt and bench.jsonl.
+# One call on the GPU machine: install the carried wheels, run the GPU tests, the benchmarks and the
+# profiles, print a table last. Through the device tool, with carry [".whl"] (plus ".base", ".peer"):
+#   bash scripts/gpu_run.sh PHASES        PHASES: comma-separated, or all (= check,profile,bench,bench8b,moe)
+# Phases:
+#   check    the GPU tests (pytest -m gpu $CHECK_ARGS, default tests/kernels tests/golden; CHECK_LIMIT s)
+#   bench    the issue-10 workload on Qwen3-0.6B (256 seqs, prompts 100-1024, outputs 100-1024,
+#            seed 0, dummy weights), bs=1 decode (128-token prompt, 1024 out), and ablations of the
+#            same workload: --no-overlap-schedule, --no-fused-kernels (UNFUSED=0 skips it), no CUDA graphs
+#   main     the headline run alone
+#   ablate   the other switches, each against the default of the same call: --no-pdl, --no-fold-norms,
+#            --no-triton-gemm, --no-decode-tuned, --no-pad-eager, 8k-token prefill steps
+#   bench8b  Qwen3-8B, the same workload        moe  Qwen3-30B-A3B, the same workload
+#   hf       Hugging Face transformers' continuous batching as a peer (32 seqs)
+#   tp       two GPUs: the TP parity tests, then Qwen3-8B at TP=1 and TP=2
+#   peer     the nano-vllm peer bundle (.peer/run_peer.sh, see shared/peers/nano-vllm) on the same
+#            workload, PEER_RUNS timed runs (default 2)
+#   profile  `python -m minisgl.bench profile` decode (ms per step) and table (top kernels of 32
+#            decode steps) at each batch:prompt of PROFILE_SHAPES (default "1:128 256:512")
+#   steps    profile steps of the workload (wall per step by kind and batch size)
+#   host     profile host (cProfile per step) at HOST_SHAPES (default "256:512 1:128")
+#   trace    profile table of the workload's steps WINDOWS (default "0-24 400-412"): device busy
+#            share, idle gaps, CUDA runtime calls
+#   prefill  profile prefill of PREFILL_SHAPE (default 16:512), no prefix cache
+#   tool     one research tool of tools/: TOOL="sweep_gemm.py --quick" (TOOL_LIMIT s, default 300)
+# A/B: with BASE=DIR (a checkout of an older commit, carried as an ignored folder, e.g. .base), the
+# default-flag runs of bench, main, bench8b and moe run for the base tree and this tree interleaved,
+# AB_ROUNDS times (default 2: base, new, base, new), in this one call, and a last table compares
+# their medians. The base tree gets default flags only (older trees took env switches).
+# DRY_RUN=1 prints the commands instead (no GPU needed). Results land in $OUT (default
+# /tmp/minisgl-out): gpu_tests.log, bench.jsonl, bench.err, profile.txt, peer.jsonl.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phases=",${1:-all},"
 [ "$phases" = ",all," ] && phases=",check,profile,bench,bench8b,moe,"
 has() { [[ "$phases" == *",$1,"* ]]; }
+DRY=${DRY_RUN:-0}
 OUT=${OUT:-/tmp/minisgl-out}
 mkdir -p "$OUT"
+: >"$OUT/bench.jsonl"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:/tmp/site" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "wheel install failed"; exit 1; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-has diag && timeout 60 python3 scripts/diag_rotary.py
-if has host; then  # host time per step vs wall time per step
-    for shape in ${HOST_SHAPES:-256:512 1:128}; do
-        timeout 120 python3 scripts/profile_host_steps.py configs/qwen3-0.6b ${shape%:*} ${shape#*:} 2>&1 | grep -v INFO
-    done
+if [ -n "${BASE:-}" ]; then
+    BASE=$(cd "$BASE" && pwd) || { echo "BASE=$BASE is not a directory"; exit 1; }
+    [ -f "$BASE/minisgl/bench/offline.py" ] || { echo "BASE=$BASE holds no minisgl tree"; exit 1; }
+fi
+if [ "$DRY" = 1 ]; then
+    echo "(dry run: commands are printed, not run)"
+else
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { echo "wheel install failed"; exit 1; }
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+    [ -n "${BASE:-}" ] && echo "base tree: $BASE ($(git -C "$BASE" log -1 --format='%h %s' 2>/dev/null || echo 'no git'))"
 fi
 
-bench() {  # name, seconds, then bench args
-    local name=$1 limit=$2; shift 2
-    echo "== $name: python -m minisgl.bench offline $*"
-    timeout "$limit" python3 -m minisgl.bench offline --quiet "$@" 2>/tmp/bench.err \
-        | sed "s/^{/{\"run\": \"$name\", /" | tee -a "$OUT/bench.jsonl"
+# run SECONDS CMD...: the command under a time limit (printed under DRY_RUN=1)
+run() {
+    local limit=$1; shift
+    if [ "$DRY" = 1 ]; then echo "+ timeout $limit $*"; return 0; fi
+    timeout "$limit" "$@"
+}
+
+# bench_in TREE NAME SECONDS ARGS...: one `bench offline` run of TREE (this tree or $BASE), its JSON
+# line tagged with NAME in bench.jsonl
+bench_in() {
+    local tree=$1 name=$2 limit=$3; shift 3
+    echo "== $name: python -m minisgl.bench offline $*${tree:+ (tree $tree)}"
+    if [ "$DRY" = 1 ]; then echo "+ (cd ${tree:-.} && timeout $limit python3 -m minisgl.bench offline --quiet $*)"; return 0; fi
+    (cd "${tree:-.}" && PYTHONPATH="${tree:-$PWD}:/tmp/site" timeout "$limit" python3 -m minisgl.bench offline --quiet "$@") \
+        2>/tmp/bench.err | sed "s/^{/{\"run\": \"$name\", /" | tee -a "$OUT/bench.jsonl"
     { echo "== $name"; cat /tmp/bench.err; } >>"$OUT/bench.err"  # at most 8 files come back: one log
     grep -E "captured|engine ready|Error|error" /tmp/bench.err | tail -4
 }
+bench() { bench_in "" "$@"; }  # NAME SECONDS ARGS...: this tree
+# ab NAME SECONDS ARGS...: with BASE, base and this tree interleaved AB_ROUNDS times; else this tree once
+ab() {
+    local name=$1; shift
+    if [ -z "${BASE:-}" ]; then bench "$name" "$@"; return; fi
+    for i in $(seq "${AB_ROUNDS:-2}"); do
+        bench_in "$BASE" "$name@base-$i" "$@"
+        bench "$name@new-$i" "$@"
+    done
+}
+profile() {  # TITLE SECONDS ARGS...: `bench profile`, output kept in profile.txt
+    local title=$1 limit=$2; shift 2
+    echo "== $title: python -m minisgl.bench profile $*" | tee -a "$OUT/profile.txt"
+    run "$limit" python3 -m minisgl.bench profile "$@" 2>>"$OUT/profile.err" | tee -a "$OUT/profile.txt"
+}
 W="--model configs/qwen3-0.6b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0"
+B1="--model configs/qwen3-0.6b --dummy-weights --num-seqs 1 --min-input 128 --max-input 128 --min-output 1024 --max-output 1024"
+Q06="--model configs/qwen3-0.6b --dummy-weights"
 
 if has check; then
-    timeout "${CHECK_LIMIT:-600}" python3 -m pytest -q -rf --tb=short -m gpu ${CHECK_ARGS:-tests/kernels tests/golden} \
-        -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+    if [ "$DRY" = 1 ]; then echo "+ pytest -m gpu ${CHECK_ARGS:-tests/kernels tests/golden}"; else
+        timeout "${CHECK_LIMIT:-600}" python3 -m pytest -q -rf --tb=short -m gpu ${CHECK_ARGS:-tests/kernels tests/golden} \
+            -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+    fi
 fi
-has backend && timeout 120 python3 -m pytest -q -p no:cacheprovider tests/unit/test_triton_backend_interpret.py 2>&1 | tail -3
-has ragged && timeout 150 python3 scripts/sweep_decode_attention.py --ragged 2>&1 | tee "$OUT/ragged.txt"
-has sweep && timeout 300 python3 scripts/sweep_decode_attention.py 2>&1 | tee "$OUT/sweep.txt"
-has attnwl && timeout 200 python3 scripts/sweep_decode_attention.py --workload 2>&1 | tee "$OUT/attnwl.txt"
-has prefill && timeout 150 python3 scripts/profile_gpu_prefill.py ${PREFILL_SHAPE:-16 512} 2>&1 | grep -v INFO | tee "$OUT/prefill.txt" | head -40
-has pdl && timeout 60 python3 scripts/probe_pdl.py 2>&1 | tee "$OUT/pdl.txt"
-has sampling && timeout 120 python3 scripts/sweep_sampling.py 2>&1 | tee "$OUT/sampling.txt"
-has samplingcdf && timeout 120 python3 scripts/sweep_sampling_cdf.py 2>&1 | tee "$OUT/sampling_cdf.txt"
-has lmhead && timeout 150 python3 scripts/sweep_lmhead.py 2>&1 | grep -v skip | tee "$OUT/lmhead.txt"
-has splitkwide && timeout 300 python3 scripts/sweep_splitk_wide.py --jobs 14 2>&1 | grep -v "skip\|compile failed" \
-    | tee "$OUT/splitk_wide.txt" | tail -30
-has pages && timeout 200 python3 scripts/sweep_decode_attention.py --pages 2>&1 | tee "$OUT/pages.txt"
-has graphlaunch && timeout 300 python3 scripts/sweep_decode_attention.py --graphs 2>&1 | tee "$OUT/graphs.txt"
-has splitk && timeout 300 python3 scripts/sweep_splitk.py --jobs 12 ${SPLITK_ARGS:-} 2>&1 | tee "$OUT/splitk.txt" | tail -60
-has copies && timeout 150 python3 scripts/probe_copies.py 2>&1 | grep -v INFO | tee "$OUT/copies.txt" | tail -60
-has addmm && timeout 150 python3 scripts/probe_addmm.py 2>&1 | tee "$OUT/addmm.txt"
-has gemm && timeout 240 python3 scripts/sweep_gemm.py ${GEMM_ARGS:-} 2>&1 | tee "$OUT/gemm.txt" | tail -40
-has gaps && timeout 150 python3 scripts/trace_gaps.py configs/qwen3-0.6b 2>&1 | grep -v INFO | tee "$OUT/gaps.txt"
-if has timeline; then  # host vs GPU per step: clean, then with the host's CUDA calls profiled
-    timeout 150 python3 scripts/trace_step_timeline.py 2>&1 | grep -v INFO | tee "$OUT/timeline.txt"
-    PROFILE=${PROFILE:-2-5} timeout 150 python3 scripts/trace_step_timeline.py 2>&1 | grep -v INFO | tee "$OUT/timeline_prof.txt" | tail -22
-fi
-has hostprefill && timeout 150 python3 scripts/profile_prefill_host.py 2>&1 | grep -v INFO | tee "$OUT/hostprefill.txt" | head -45
-has workload && timeout 120 python3 scripts/profile_workload.py configs/qwen3-0.6b 2>&1 | grep -v INFO | tee "$OUT/workload.txt"
 if has profile; then
     for shape in ${PROFILE_SHAPES:-1:128 256:512}; do  # batch size:prompt length
         bs=${shape%:*} len=${shape#*:}
-        echo "== profile bs=$bs prompt=$len"
-        timeout 150 python3 scripts/profile_gpu_decode.py $bs $len >/tmp/profile.txt 2>/tmp/profile.err
-        cat /tmp/profile.txt /tmp/profile.err >>"$OUT/profile.txt"
-        head -2 /tmp/profile.txt; tail -3 /tmp/profile.err
+        S="$Q06 --num-seqs $bs --min-input $len --max-input $len"
+        profile "decode bs=$bs prompt=$len" 200 decode $S
+        profile "kernels bs=$bs prompt=$len, 32 decode steps" 200 table $S --min-output 32 --max-output 32 --rows 30 | tail -40
     done
 fi
-: > "$OUT/bench.jsonl"
+has steps && profile "steps of the workload" 200 steps $W
+if has host; then  # host time per step vs wall time per step
+    for shape in ${HOST_SHAPES:-256:512 1:128}; do
+        profile "host bs=${shape%:*} prompt=${shape#*:}" 200 host $Q06 --num-seqs "${shape%:*}" \
+            --min-input "${shape#*:}" --max-input "${shape#*:}" --min-output 136 --max-output 136 --rows 20
+    done
+fi
+if has trace; then
+    for window in ${WINDOWS:-0-24 400-412}; do
+        profile "trace of steps $window" 250 table $W --window "$window" --rows 14 | tail -60
+    done
+fi
+if has prefill; then
+    shape=${PREFILL_SHAPE:-16:512}
+    profile "prefill ${shape%:*} x ${shape#*:}" 150 prefill $Q06 --cache naive --num-seqs "${shape%:*}" \
+        --min-input "${shape#*:}" --max-input "${shape#*:}"
+fi
+if has tool; then
+    [ -n "${TOOL:-}" ] || { echo "the tool phase needs TOOL=\"name.py [args]\""; exit 1; }
+    # shellcheck disable=SC2086
+    run "${TOOL_LIMIT:-300}" python3 tools/$TOOL 2>&1 | tee "$OUT/tool.txt" | tail -80
+fi
 if has bench; then
-    bench qwen3-0.6b 110 $W
-    bench bs1-decode 45 --model configs/qwen3-0.6b --dummy-weights --num-seqs 1 --min-input 128 --max-input 128 --min-output 1024 --max-output 1024
-    [ "${UNFUSED:-1}" = 1 ] && MINISGL_FUSED_KERNELS=0 bench qwen3-0.6b-unfused 110 $W  # UNFUSED=0 skips it
-    MINISGL_DISABLE_OVERLAP=1 bench qwen3-0.6b-nooverlap 75 $W
+    ab qwen3-0.6b 110 $W
+    ab bs1-decode 45 $B1
+    [ "${UNFUSED:-1}" = 1 ] && bench qwen3-0.6b-unfused 110 $W --no-fused-kernels  # UNFUSED=0 skips it
+    bench qwen3-0.6b-nooverlap 75 $W --no-overlap-schedule
     bench qwen3-0.6b-nograph 90 $W --cuda-graph-max-bs 0
 fi
-has main && bench qwen3-0.6b 110 $W  # the headline run alone
-if has tunedab; then  # the per-size decode launches (GRAPH_TUNED) against the heuristic, interleaved
-    for i in 1 2; do
-        bench qwen3-0.6b-tuned-$i 110 $W
-        MINISGL_DECODE_TUNED=0 bench qwen3-0.6b-untuned-$i 110 $W
-    done
-    B1="--model configs/qwen3-0.6b --dummy-weights --num-seqs 1 --min-input 128 --max-input 128 --min-output 1024 --max-output 1024"
-    bench bs1-tuned 45 $B1
-    MINISGL_DECODE_TUNED=0 bench bs1-untuned 45 $B1
-fi
-if has gemmab; then  # the split-K Triton GEMM where it pays (default) vs cuBLAS only, and cuBLASLt
-    MINISGL_TRITON_GEMM=0 bench qwen3-0.6b-cublas 110 $W
-    bench qwen3-0.6b-tgemm 110 $W
-    MINISGL_TRITON_GEMM=0 TORCH_BLAS_PREFER_CUBLASLT=1 bench qwen3-0.6b-cublaslt 110 $W
-fi
-if has bs1ab; then  # bs=1 decode: cuBLAS only vs the split-K Triton GEMM where it pays
-    B1="--model configs/qwen3-0.6b --dummy-weights --num-seqs 1 --min-input 128 --max-input 128 --min-output 1024 --max-output 1024"
-    MINISGL_TRITON_GEMM=0 bench bs1-cublas 45 $B1
-    bench bs1-decode 45 $B1
-fi
-has layout && timeout 200 python3 scripts/sweep_decode_attention.py --layout 2>&1 | tee "$OUT/layout.txt"
-has extendorder && timeout 120 python3 scripts/sweep_decode_attention.py --extend 2>&1 | tee "$OUT/extend.txt"
-if has blasab; then  # cuBLAS against cuBLASLt (torch's preferred_blas_library), twice each, interleaved
-    for i in 1 2; do
-        bench qwen3-0.6b-cublas-$i 110 $W
-        TORCH_BLAS_PREFER_CUBLASLT=1 bench qwen3-0.6b-cublaslt-$i 110 $W
-    done
-fi
+has main && ab qwen3-0.6b 110 $W  # the headline run alone
 if has ablate; then  # switches under study, each against the headline run of the same call
-    MINISGL_PDL=0 bench qwen3-0.6b-nopdl 110 $W
+    bench qwen3-0.6b-default 110 $W
+    for flag in --no-pdl --no-fold-norms --no-triton-gemm --no-decode-tuned --no-pad-eager; do
+        bench "qwen3-0.6b-${flag#--}" 110 $W "$flag"
+    done
+    bench bs1-no-triton-gemm 45 $B1 --no-triton-gemm
+    bench bs1-no-decode-tuned 45 $B1 --no-decode-tuned
     bench qwen3-0.6b-prefill8k 110 $W --max-prefill-tokens 8192
 fi
-has bench8b && bench qwen3-8b 130 --model configs/qwen3-8b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
-has moe && bench qwen3-30b-a3b 200 --model configs/qwen3-30b-a3b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
+has bench8b && ab qwen3-8b 130 --model configs/qwen3-8b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
+has moe && ab qwen3-30b-a3b 200 --model configs/qwen3-30b-a3b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
 has hf && bench hf-peer-32seq 200 --model configs/qwen3-0.6b --dummy-weights --num-seqs 32 --seed 0 --peer hf
 if has tp; then  # two GPUs: TP=2 == TP=1 (fp32 tiny models, NCCL), then Qwen3-8B TP=1 vs TP=2
-    timeout 300 python3 -m pytest -q -rf --tb=short -m gpu tests/golden/test_tp_parity.py -p no:cacheprovider 2>&1 \
-        | tee "$OUT/tp_tests.log" | tail -6
+    if [ "$DRY" = 1 ]; then echo "+ pytest -m gpu tests/golden/test_tp_parity.py"; else
+        timeout 300 python3 -m pytest -q -rf --tb=short -m gpu tests/golden/test_tp_parity.py -p no:cacheprovider 2>&1 \
+            | tee "$OUT/tp_tests.log" | tail -6
+    fi
     W8="--model configs/qwen3-8b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0"
     bench qwen3-8b-tp1 130 $W8
     bench qwen3-8b-tp2 150 $W8 --tp 2
 fi
-python3 - "$OUT/bench.jsonl" <<'PYEOF'
-import json, os, sys
-if not os.path.exists(sys.argv[1]):
+if has peer; then  # nano-vllm's own bench.py workload: the same prompts and lengths as $W (seed 0)
+    if [ -f .peer/run_peer.sh ]; then
+        : >"$OUT/peer.jsonl"
+        if [ "$DRY" = 1 ]; then echo "+ bash .peer/run_peer.sh ${PEER_RUNS:-2}"; else
+            OUT="$OUT" timeout "${PEER_LIMIT:-400}" bash .peer/run_peer.sh "${PEER_RUNS:-2}" 2>>"$OUT/bench.err" \
+                | grep '"engine"' >"$OUT/peer.jsonl"
+            cat "$OUT/peer.jsonl"
+        fi
+    else
+        echo "peer: no .peer/run_peer.sh (make it with shared/peers/nano-vllm/make_bundle.sh, carry .peer)"
+    fi
+fi
+[ "$DRY" = 1 ] && exit 0
+python3 - "$OUT/bench.jsonl" "$OUT/peer.jsonl" <<'PYEOF'
+import json, os, statistics, sys
+rows = []
+for path in sys.argv[1:]:
+    if os.path.exists(path):
+        rows += [json.loads(line) for line in open(path) if line.startswith("{")]
+if not rows:
     sys.exit(0)
 CEILING = 37500.0  # decode re-reads the KV cache: ~3.6 s at 4.2 TB/s for the 0.6B workload
-print(f"{'run':24} {'engine':16} {'out tok':>9} {'s':>8} {'tok/s':>9} {'ceiling':>8}")
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    frac = f"{r['output_tok_s'] / CEILING:.1%}" if r["run"].startswith("qwen3-0.6b") else "-"
-    print(f"{r['run']:24} {r['engine']:16} {r['output_tokens']:>9} {r['seconds']:>8.2f} {r['output_tok_s']:>9.1f} {frac:>8}")
+print(f"{'run':34} {'engine':16} {'out tok':>9} {'s':>8} {'tok/s':>9} {'ceiling':>12}")
+for r in rows:
+    if r.get("engine") == "nano-vllm":  # the peer bundle's own keys
+        r = {"run": f"nano-vllm-{r['run']}", "engine": "nano-vllm", "output_tokens": r["out_tokens"],
+             "seconds": r["seconds"], "output_tok_s": r["out_tok_s"], "peer": True}
+    frac = f"{r['output_tok_s'] / CEILING:.1%}" if r["run"].startswith("qwen3-0.6b") or r.get("peer") else "-"
+    if r["run"].startswith("bs1"):  # one sequence: the decode time per token (goal <= 1.1 ms)
+        frac = f"{r['seconds'] / r['output_tokens'] * 1e3:.3f} ms/tok"
+    print(f"{r['run']:34} {r['engine']:16} {r['output_tokens']:>9} {r['seconds']:>8.2f} {r['output_tok_s']:>9.1f} {frac:>12}")
+pairs = {}
+for r in rows:
+    name, _, side = str(r["run"]).partition("@")
+    if side:
+        pairs.setdefault(name, {}).setdefault(side.split("-")[0], []).append(r["output_tok_s"])
+if pairs:
+    print(f"\nA/B (same call, interleaved): {'benchmark':20} {'base tok/s':>12} {'new tok/s':>12} {'new/base':>9}")
+    for name, sides in pairs.items():
+        base, new = sides.get("base", []), sides.get("new", [])
+        if base and new:
+            b, n = statistics.median(base), statistics.median(new)
+            runs = f"  base {' / '.join(f'{x:.0f}' for x in base)}; new {' / '.join(f'{x:.0f}' for x in new)}"
+            print(f"{'':30}{name:20} {b:>12.1f} {n:>12.1f} {n / b:>9.3f}{runs}")
 PYEOF

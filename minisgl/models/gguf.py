@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Iterable
 
 import numpy as np
 
-from minisgl.models.source import ModelSourceError
+from minisgl.models.errors import ModelSourceError
+from minisgl.models.gguf_config import build_config, build_generation_config
+from minisgl.models.gguf_reader import ARCHS, check_tensor_type, dequantize_tensor, numpy_shape, open_gguf, read_metadata
+from minisgl.models.gguf_tokenizer import write_tokenizer_files
 from minisgl.utils.logging import get_logger
 
 if TYPE_CHECKING:
@@ -25,29 +28,9 @@ if TYPE_CHECKING:
 
 logger = get_logger(__name__)
 
-# Types we accept. gguf.quants can also dequantize the IQ*/TQ* families, but those have no
-# round-trip coverage in our tests, so we refuse them instead of silently trusting them.
-SUPPORTED_TYPES: tuple[str, ...] = (
-    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-)  # fmt: skip
-
 # Above this many bytes the safetensors output is split into shards, like HF checkpoints.
 MAX_SHARD_BYTES = 4 * 1024**3
 
-
-@dataclass(frozen=True)
-class ArchSpec:
-    hf_arch: str
-    model_type: str
-    permute_qk: bool  # llama.cpp's convert script permutes q/k rows only for the llama family
-
-
-ARCHS: dict[str, ArchSpec] = {
-    "llama": ArchSpec("LlamaForCausalLM", "llama", permute_qk=True),
-    "qwen2": ArchSpec("Qwen2ForCausalLM", "qwen2", permute_qk=False),
-    "qwen3": ArchSpec("Qwen3ForCausalLM", "qwen3", permute_qk=False),
-    "qwen3moe": ArchSpec("Qwen3MoeForCausalLM", "qwen3_moe", permute_qk=False),
-}
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -83,19 +66,6 @@ class TensorPlan:
     unpermute_heads: int | None = None  # undo llama.cpp's rope row permutation with this head count
 
 
-def read_metadata(reader: GGUFReader) -> dict[str, Any]:
-    return {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
-
-
-def open_gguf(path: Path) -> GGUFReader:
-    from gguf import GGUFReader
-
-    try:
-        return GGUFReader(path)
-    except (ValueError, OSError) as exc:
-        raise ModelSourceError(f"cannot read GGUF file {path}: {exc}") from exc
-
-
 def _unpermute_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
     # llama.cpp stores each head's rows as interleaved (even, odd) pairs for its rotary layout;
     # HF keeps the two halves contiguous. Rows are [head, half, pair] in GGUF -> [head, pair, half].
@@ -103,35 +73,12 @@ def _unpermute_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
     return weight.reshape(n_head, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def _np_shape(tensor: ReaderTensor) -> tuple[int, ...]:
-    # GGUF lists dimensions fastest-first (ggml `ne`); numpy/torch are slowest-first.
-    return tuple(int(dim) for dim in reversed(tensor.shape.tolist()))
-
-
-def check_tensor_type(tensor: ReaderTensor) -> None:
-    type_name = tensor.tensor_type.name
-    if type_name not in SUPPORTED_TYPES:
-        raise ModelSourceError(
-            f"GGUF tensor {tensor.name} has unsupported type {type_name}; "
-            f"supported types: {', '.join(SUPPORTED_TYPES)} (re-quantize the model to one of them)"
-        )
-
-
-def dequantize_tensor(tensor: ReaderTensor) -> np.ndarray:
-    """The tensor as float32 in numpy (slowest-first) order."""
-    from gguf.quants import dequantize
-
-    check_tensor_type(tensor)
-    values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
-    return values.reshape(_np_shape(tensor))
-
-
 def plan_tensors(reader: GGUFReader, arch: str, n_head: int, n_kv_head: int) -> list[TensorPlan]:
     spec = ARCHS[arch]
     plans: list[TensorPlan] = []
     for tensor in reader.tensors:
         check_tensor_type(tensor)
-        shape = _np_shape(tensor)
+        shape = numpy_shape(tensor)
         if tensor.name in _GLOBAL_NAMES:
             plans.append(TensorPlan(_GLOBAL_NAMES[tensor.name], shape, tensor))
             continue
@@ -217,9 +164,6 @@ def write_weights(out_dir: Path, plans: list[TensorPlan]) -> None:
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Write config.json, generation_config.json, safetensors and tokenizer files into out_dir."""
-    from minisgl.models.gguf_config import build_config, build_generation_config
-    from minisgl.models.gguf_tokenizer import write_tokenizer_files
-
     reader = open_gguf(gguf_path)
     meta = read_metadata(reader)
     arch = meta.get("general.architecture")

@@ -7,13 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from minisgl.models.source import ModelSourceError
+from minisgl.models.errors import ModelSourceError
+from minisgl.models.gguf_reader import ArchSpec, dequantize_tensor
 from minisgl.utils.logging import get_logger
 
 if TYPE_CHECKING:
     from gguf.gguf_reader import ReaderTensor
-
-    from minisgl.models.gguf import ArchSpec
 
 logger = get_logger(__name__)
 
@@ -135,8 +134,6 @@ def _llama3_rope_scaling(tensor: ReaderTensor, base: float, dim: int) -> dict[st
     always used low/high frequency factors 1 and 4 and an original context of 8192, so we only
     solve for `factor` (the largest divisor) and check the whole curve reproduces.
     """
-    from minisgl.models.gguf import dequantize_tensor
-
     stored = dequantize_tensor(tensor).reshape(-1)
     factor, low, high, original = float(stored.max()), 1.0, 4.0, 8192
     inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))

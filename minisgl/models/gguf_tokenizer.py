@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from minisgl.models.source import ModelSourceError
+from minisgl.models.errors import ModelSourceError
 from minisgl.utils.logging import get_logger
 
 logger = get_logger(__name__)

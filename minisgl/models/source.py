@@ -15,7 +15,10 @@ import uuid
 from pathlib import Path
 
 from minisgl.env import ENV
+from minisgl.models.errors import ModelSourceError
 from minisgl.utils.logging import get_logger
+
+__all__ = ["ModelSourceError", "default_gguf_path", "gguf_cache_dir", "resolve_model_dir"]
 
 logger = get_logger(__name__)
 
@@ -29,10 +32,6 @@ _HUB_PATTERNS = [
     "config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
     "tokenizer*", "special_tokens_map.json", "*.model", "*.jinja", "vocab*", "merges.txt",
 ]  # fmt: skip
-
-
-class ModelSourceError(ValueError):
-    """A `model` argument that cannot be turned into a local model directory; one-line message."""
 
 
 def resolve_model_dir(model: str | None, *, cache_dir: Path | None = None) -> Path:

@@ -1,6 +1,10 @@
-"""CPU decode attention microbenchmark: `python scripts/cpu_attention_bench.py` (bf16, SmolLM2's
+"""CPU decode attention microbenchmark: `python tools/cpu_attention_bench.py` (bf16, SmolLM2's
 heads: 3 KV heads x 3 q heads, head_dim 64; 32 requests of 128-640 tokens on 16-token pages
-scattered over a 64k-slot pool). Prints us per layer call and the K/V bytes read per second."""
+scattered over a 64k-slot pool). Prints us per layer call and the K/V bytes read per second.
+
+Research tool, not product code. Findings: docs/performance.md, section "C++ decode attention on
+CPU".
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,12 @@
 """Which Triton kernel variants does the offline benchmark first need inside its timed run? On a
 fresh machine each one is a compile of ~0.2-2 s inside the measurement. `python
-scripts/probe_cold_compiles.py [bench args...]` (default: the issue's workload on
+tools/probe_cold_compiles.py [bench args...]` (default: the issue's workload on
 configs/qwen3-0.6b, dummy weights): builds and warms the engine as `bench offline` does, then runs
 the workload with Triton's JIT cache hook recording every in-memory cache miss (kernel, the
-specialisation key, when). Set TRITON_CACHE_DIR to an empty directory to time cold compiles."""
+specialisation key, when). Set TRITON_CACHE_DIR to an empty directory to time cold compiles.
+
+Research tool, not product code. Findings: docs/performance.md, section "No compiles mid-run".
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,10 @@
 """Which rounding does the Triton rotary kernel do on this GPU? Compares it in bf16 with the
 reference (each product and the sum rounded, as eager torch/HF) and with single rounding (fp32
-math, one rounding at the end). `python scripts/diag_rotary.py`"""
+math, one rounding at the end). `python tools/diag_rotary.py`
+
+Research tool, not product code. Findings: docs/performance.md, "Known gap" (the fused rotary
+kernel's rounding).
+"""
 
 import torch
 

@@ -1,7 +1,7 @@
 """Markdown table from the JSON lines that `python -m minisgl.bench serve --json` printed, one row
 per (workload, server), using each line's median run.
 
-    python scripts/peer/bench_table.py results.jsonl
+    python -m minisgl.bench table results.jsonl
 """
 
 from __future__ import annotations
@@ -51,7 +51,3 @@ def main(argv: list[str]) -> int:
     results = [json.loads(line) for line in text.splitlines() if line.strip().startswith("{")]
     print(table(results))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,12 +1,15 @@
 """Does programmatic dependent launch (PDL) shorten the gaps between kernels in a CUDA graph?
 
-    python scripts/probe_pdl.py        (CUDA only)
+    python tools/probe_pdl.py        (CUDA only)
 
 A decode step replays ~300 small kernels; on an H200 each kernel boundary costs a launch gap.
 With PDL (`launch_pdl=True`, Hopper and later) the next kernel is launched while the previous
 one drains and waits in `gdc_wait` for its results. This captures chains of dependent small
 Triton kernels (and cuBLAS GEMMs between them, as in a decoder layer) with and without the
 flag, checks the chained result, and prints microseconds per kernel.
+
+Research tool, not product code. Findings: docs/performance.md, section "Programmatic dependent
+launch".
 """
 
 from __future__ import annotations

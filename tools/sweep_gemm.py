@@ -13,9 +13,12 @@ copies of W (~200 MB in all) so that each call reads W from HBM as a decode step
 W alone would stay in the ~50 MB L2 between calls. Configs that fail to compile or check are
 listed as skipped.
 
-GPU: `bash scripts/gpu_run.sh gemm`, or `python scripts/sweep_gemm.py [--quick]` (--quick: M in
+GPU: `bash tools/gpu_run.sh gemm`, or `python tools/sweep_gemm.py [--quick]` (--quick: M in
 1, 64, 256 and fewer configs). Without CUDA it checks every kernel on tiny shapes under the Triton
 interpreter instead and prints "cpu self-check passed".
+
+Research tool, not product code. Findings: docs/performance.md, sections "Split-K GEMM for small
+decode batches" and "Tried and lost" (a Triton GEMM above 64 rows or for qkv/gate_up).
 """
 
 from __future__ import annotations

@@ -11,11 +11,14 @@ where reading the logits takes ~11). This draws from the same distribution with 
   find the token.
 Greedy rows (T == 0) keep the plain argmax (first index on ties).
 
-GPU: `python scripts/sweep_sampling_cdf.py` prints us per call for both at the workload's shapes
+GPU: `python tools/sweep_sampling_cdf.py` prints us per call for both at the workload's shapes
 and checks that both follow softmax(x / T) on a small vocabulary. On the H200 (BENCHMARKS.md,
 ninth session) it did not pay: 31.5 vs 31.2 us at 170 rows, 17.1 vs 14.2 at 64, so the engine keeps
 Gumbel-max. Without CUDA: the same checks
 under the Triton interpreter.
+
+Research tool, not product code. Findings: docs/performance.md, "Tried and lost" (a two-pass
+inverse-CDF sampler).
 """
 
 from __future__ import annotations

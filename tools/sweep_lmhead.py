@@ -6,10 +6,13 @@ A decode step computes logits = x @ W.T ([rows, 151,936] bf16: 47 MB written at 
 (same hash of seed, row and token) and keeps each row's best token of the tile; a small kernel then
 picks each row's best tile. The logits never reach HBM.
 
-GPU: `python scripts/sweep_lmhead.py` prints us per call (CUDA graph, median) for cuBLAS F.linear,
+GPU: `python tools/sweep_lmhead.py` prints us per call (CUDA graph, median) for cuBLAS F.linear,
 the sampling kernel, their sum, and the fused launches, and checks that the fused draw equals the
 unfused one on the same logits where the logits agree. Without CUDA: a self-check under the Triton
 interpreter on a tiny vocabulary.
+
+Research tool, not product code. Findings: docs/performance.md, "Tried and lost" (the LM head with
+the Gumbel-max draw in its epilogue).
 """
 
 from __future__ import annotations

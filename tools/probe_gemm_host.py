@@ -1,10 +1,12 @@
 """Host time of a cuBLAS GEMM launch for a row count seen before vs a new one (CUDA only).
 
-    python scripts/probe_gemm_host.py
+    python tools/probe_gemm_host.py
 
 Eager prefill steps run Qwen3-0.6B's projections and the LM head at a row count that changes
 every step. This times the host side of `F.linear` (no synchronisation: the launch alone) for
 row counts never used before and for the same counts again, for each of the model's GEMM shapes.
+
+Research tool, not product code. Findings: docs/performance.md, section "Padded eager steps".
 """
 
 from __future__ import annotations

@@ -10,8 +10,11 @@ Times are in-graph (`sweep_gemm.graph_us`: 20 calls back to back over rotating c
 comes from HBM as in a decode step), us per call. Compiling ~200 variants dominates the run, so
 `--jobs N` first compiles them in N processes (Triton's disk cache), then times in this one.
 
-GPU: `python scripts/sweep_splitk.py [--jobs 8] [--shapes o,down] [--batches 64,160]`.
+GPU: `python tools/sweep_splitk.py [--jobs 8] [--shapes o,down] [--batches 64,160]`.
 Without CUDA: a self-check of a few launches under the Triton interpreter.
+
+Research tool, not product code. Findings: docs/performance.md, section "Split-K GEMM for small
+decode batches" (the launches in kernels/gemm.py's table).
 """
 
 from __future__ import annotations

@@ -1,11 +1,14 @@
 """Which host ops issue the device copies and memsets of a step (eager steps, torch.profiler).
 
-    python scripts/probe_copies.py [MODEL] [extra `minisgl.bench offline` args...]
+    python tools/probe_copies.py [MODEL] [extra `minisgl.bench offline` args...]
 
 A captured decode step of the folded-norm layer showed a `memcpy32_post` graph node before each
 o_proj / down_proj GEMM, and prefill steps showed ~600 device-to-device copies and memsets. This
 runs a few eager decode steps (`--cuda-graph-max-bs 0`) and a prefill-only pass under the
 profiler, and prints, for every copy/memset kernel, the chain of host ops that launched it.
+
+Research tool, not product code. Findings: docs/performance.md, sections "A cheap step boundary" and
+"Folded RMSNorms".
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ import collections
 import sys
 
 import torch
+from _workload import setup  # same directory
 
 from minisgl import SamplingParams
-from minisgl.bench.offline import profiling_setup
 
 
 def sync() -> None:
@@ -45,7 +48,7 @@ def report(title: str, prof) -> None:
 
 
 def main() -> None:
-    args, prompts, _, llm = profiling_setup([*sys.argv[1:], "--cuda-graph-max-bs", "0"])
+    args, prompts, _, llm = setup([*sys.argv[1:], "--cuda-graph-max-bs", "0"])
     warm = SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=4)
     llm.generate(prompts[:16], warm, use_tqdm=False)
     sync()

@@ -1,6 +1,6 @@
 """Launch-parameter sweep of the split-K decode attention on the GPU, on the shapes the offline
 benchmark spends its time in (Qwen3-0.6B: 8 KV heads, 16 q heads, head_dim 128, bf16, 16-token
-pages scattered over a large pool). `python scripts/sweep_decode_attention.py`
+pages scattered over a large pool). `python tools/sweep_decode_attention.py`
 
 For each (batch, context) it prints the default launch and the best few of the swept ones, in us
 per call and in TB/s of K/V read (graph-replayed, so launch overhead is what a CUDA graph sees).
@@ -16,7 +16,12 @@ batch size, the workload's batch padded as a replay pads it, the engine's launch
 `--readbw`: what this GPU reads at best (a streaming read of a 4 GB buffer, torch's sum and a
 Triton kernel). `--gatherbw`: on the workload's decode batches, pure reads of their K/V through the
 token table as the attention's programs (one per request and KV head) and as one program per
-request and split reading whole token rows (all KV heads: 2 KB runs)."""
+request and split reading whole token rows (all KV heads: 2 KB runs).
+
+Research tool, not product code. Findings: docs/performance.md, sections "Triton paged attention"
+and "Launches measured per captured batch size"; the --readbw / --gatherbw reads in the paragraph
+after "Where the H200 workload's ~4.8-4.9 s go".
+"""
 
 from __future__ import annotations
 

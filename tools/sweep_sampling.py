@@ -1,8 +1,11 @@
 """Launch sweep of the fused sampling kernel (`kernels/sampling.py`) on the offline workload's
 shape: R rows of Qwen3's 151,936-entry vocabulary, bf16 logits, temperature 0.6.
-`python scripts/sweep_sampling.py` prints us per call (CUDA-graph replayed) for the default and
+`python tools/sweep_sampling.py` prints us per call (CUDA-graph replayed) for the default and
 the swept (split, block, warps), and the default with libdevice's exact log2 instead of the
-hardware's approximate one."""
+hardware's approximate one.
+
+Research tool, not product code. Findings: docs/performance.md, section "Sampling kernel".
+"""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 metadata field copied (only `general.file_type` changes, to ALL_F32), so llama.cpp runs the same
 weights in fp32 as minisgl does on CPU.
 
-    python scripts/peer/dequant_gguf.py SRC.gguf DST.gguf
+    python -m minisgl.bench dequant-gguf SRC.gguf DST.gguf
 """
 
 from __future__ import annotations
@@ -65,7 +65,3 @@ def main(argv: list[str]) -> int:
     converted = dequantize_file(src, dst)
     print(f"[dequant] {src.name} -> {dst} ({converted} tensors dequantized to F32)", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -6,7 +6,10 @@ kernel (a graph memcpy node, ~1.3 us) before cuBLAS's GEMM. This probe captures 
 variant, for both cuBLAS back ends (`torch.backends.cuda.preferred_blas_library`), and prints us
 per call (graph replay) and the kernels of one call (torch.profiler over one replay).
 
-GPU only: `python scripts/probe_addmm.py`.
+GPU only: `python tools/probe_addmm.py`.
+
+Research tool, not product code. Findings: docs/performance.md, section "Folded RMSNorms" (residual
+adds through the GEMM's beta).
 """
 
 from __future__ import annotations

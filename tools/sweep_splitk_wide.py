@@ -12,8 +12,11 @@ partial alone. This sweep tries what that one did not:
 Times are in-graph, W from HBM, us per call (`sweep_gemm.graph_us`), with the in-place
 `hidden.addmm_(x, W.T)` (the engine's op) as the baseline. Every launch is checked against it.
 
-GPU: `python scripts/sweep_splitk_wide.py [--jobs 12] [--batches 96,160,256]`.
+GPU: `python tools/sweep_splitk_wide.py [--jobs 12] [--batches 96,160,256]`.
 Without CUDA: a self-check of a few launches under the Triton interpreter.
+
+Research tool, not product code. Findings: docs/performance.md, "Tried and lost" (wider split-K
+launches above 64 rows).
 """
 
 from __future__ import annotations
