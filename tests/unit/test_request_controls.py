@@ -80,7 +80,8 @@ def test_each_control_marks_the_request_until_it_leaves(sampling: dict[str, Any]
 
 def test_penalised_requests_are_released_once_to_the_next_plan() -> None:
     controls, _ = make_controls()
-    for rid, sampling in enumerate([{"repetition_penalty": 1.1}, {}, {"presence_penalty": 1.0}]):
+    samplings: list[dict[str, Any]] = [{"repetition_penalty": 1.1}, {}, {"presence_penalty": 1.0}]
+    for rid, sampling in enumerate(samplings):
         controls.add(rid, SamplingParams(**sampling))
         controls.forget(req_of(rid, **sampling))
     assert controls.take_released() == [0, 2]
@@ -106,7 +107,7 @@ def test_accept_advances_the_matcher_and_ends_on_its_stop_or_a_violation() -> No
     assert controls.accept(req, grammar, 3, None) == "stop"  # the grammar accepted its end
     assert grammar.accepted == [1, 2, 3]  # type: ignore[attr-defined]
     fresh = FakeGrammar({1}, stop=1)
-    assert controls.accept(req, fresh, 9, None) == "stop"  # a token outside the grammar ends it
+    assert controls.accept(req, fresh, 9, None) == "stop"  # type: ignore[arg-type]  # outside the grammar
 
 
 @dataclass
