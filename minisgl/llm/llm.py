@@ -9,6 +9,7 @@ from tqdm import tqdm
 
 from minisgl.core import SamplingParams
 from minisgl.engine.config import EngineConfig
+from minisgl.engine.engine import Engine
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.scheduler.scheduler import Scheduler
 
@@ -45,8 +46,8 @@ class LLM:
             max_running_requests=max_running_requests, max_prefill_tokens=max_prefill_tokens, cache=cache  # type: ignore[arg-type]
         )
         engine_config = replace(engine_config, max_running_requests=sched_config.max_running_requests)
-        self.scheduler = Scheduler(engine_config, sched_config)
-        self.engine = self.scheduler.engine
+        self.engine = Engine(engine_config)
+        self.scheduler = Scheduler(self.engine, sched_config)
         self._tokenizer: Any = None
         self._next_rid = 0
 

@@ -91,11 +91,7 @@ class SchedulerLoop:
                 if out.output_tokens == 1 and out.token_ids:
                     self.prompt_tokens += out.prompt_tokens
                     self.cached_tokens += out.cached_tokens
-                outs.append(
-                    TokenOut(out.rid, out.token_ids, out.finish_reason,  # type: ignore[arg-type]
-                             out.prompt_tokens, out.cached_tokens, out.output_tokens,
-                             out.logprobs, out.prompt_logprobs)
-                )
+                outs.append(out)
         if outs and self.to_detok is not None:
             self.to_detok.put(TokenOutMsg(outs))
         if self.to_router is not None:
@@ -190,12 +186,14 @@ def run_scheduler(
     wire the relay, report ready, then serve until told to stop."""
     import torch
 
+    from minisgl.engine.engine import Engine
     from minisgl.scheduler.scheduler import Scheduler
 
     engine_config, store = _join_group(engine_config, rdzv, device_index)
     rank, size = engine_config.tp_rank, engine_config.tp_size
     with torch.inference_mode():
-        scheduler = Scheduler(engine_config, sched_config)
+        engine = Engine(replace(engine_config, max_running_requests=sched_config.max_running_requests))
+        scheduler = Scheduler(engine, sched_config)
         loop = SchedulerLoop(scheduler, addrs, rank)
         try:
             if store is not None and rank > 0:

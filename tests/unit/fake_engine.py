@@ -21,10 +21,11 @@ import zlib
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from minisgl.core import Req, SamplingParams
 from minisgl.engine.config import EngineConfig
-from minisgl.engine.engine import StepPlan
+from minisgl.engine.engine import LogprobEntry, PromptChunk, StepPlan
 from minisgl.scheduler.scheduler import Scheduler
 
 NextToken = Callable[[Sequence[int]], int]
@@ -69,16 +70,25 @@ class FakePool:
 class FakePlatform:
     name: str = "cpu"
 
+    def offline_prefill_tokens(self) -> int:
+        return 8192
+
 
 @dataclass
 class FakeLaunched:
-    """Stands in for `LaunchedStep`: the scheduler only reads `sampled_reqs` and `result()`."""
+    """Stands in for `LaunchedStep`: sampled requests and their tokens, no logprobs."""
 
     sampled_reqs: list[Req]
     tokens: list[int]
 
     def result(self) -> list[int]:
         return list(self.tokens)
+
+    def token_logprobs(self) -> list[LogprobEntry | None]:
+        return [None] * len(self.sampled_reqs)
+
+    def prompt_logprob_chunks(self) -> list[tuple[PromptChunk, list[LogprobEntry]]]:
+        return []
 
 
 @dataclass(frozen=True)
@@ -130,6 +140,7 @@ class FakeEngine:
     ) -> None:
         self.pool = FakePool(page_size, num_pages)
         self.platform = FakePlatform()
+        self.model_dir = Path("fake-model")  # no tokenizer: structured output is not faked
         self.context_len = context_len
         self.model_config = FakeModelConfig(tuple(eos_ids), vocab_size)
         self.config = EngineConfig(

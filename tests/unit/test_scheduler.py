@@ -16,7 +16,8 @@ import pytest
 
 from minisgl.core import Req, SamplingParams
 from minisgl.scheduler.config import SchedulerConfig
-from minisgl.scheduler.scheduler import ReqOutput, Scheduler
+from minisgl.message.tokenizer import TokenOut
+from minisgl.scheduler.scheduler import Scheduler
 from tests.unit.fake_engine import (
     FakeEngine, NextToken, ReqStep, StepRecord, check_scheduler_state, expected_output,
 )
@@ -56,7 +57,7 @@ class Harness:
             max_running_requests=max_running, max_prefill_tokens=budget, cache=cache,  # type: ignore[arg-type]
             decode_reserve_tokens=reserve, overlap=overlap, dedupe_prefill=dedupe_prefill,
         )
-        self.sched = Scheduler(self.engine.config, config, engine=self.engine)  # type: ignore[arg-type]
+        self.sched = Scheduler(self.engine, config)
         self.results: dict[int, Result] = {}
         self.retractions: list[tuple[int, ...]] = []  # rids retracted, per step that retracted any
 
@@ -69,7 +70,7 @@ class Harness:
     def steps(self) -> list[StepRecord]:
         return self.engine.steps
 
-    def step(self) -> list[ReqOutput]:
+    def step(self) -> list[TokenOut]:
         sched = self.sched
         # Output tokens known on the host (with overlap the newest may still be a placeholder).
         before = [(req, req.arrival, req.output_ids[: req.output_len - req.num_pending]) for req in sched.running]

@@ -1,0 +1,70 @@
+"""What the scheduler needs from the engine it is handed: `Engine` satisfies it, and so does the
+model-free fake engine of the unit tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from minisgl.core import Req
+from minisgl.engine.engine import LogprobEntry, PromptChunk, StepPlan
+from minisgl.scheduler.config import PlatformFacts
+
+
+class PoolFacts(Protocol):
+    @property
+    def page_size(self) -> int: ...
+
+    @property
+    def num_pages(self) -> int: ...
+
+
+class ModelFacts(Protocol):
+    @property
+    def eos_ids(self) -> Sequence[int]: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+
+class EngineLimits(Protocol):
+    @property
+    def max_running_requests(self) -> int: ...  # rows of the engine's token table
+
+
+class LaunchedStepLike(Protocol):
+    """A step queued on the device (`LaunchedStep`)."""
+
+    @property
+    def sampled_reqs(self) -> list[Req]: ...  # requests that sample a token, in order
+
+    def result(self) -> list[int]: ...  # their tokens (waits for the device)
+
+    def token_logprobs(self) -> list[LogprobEntry | None]: ...
+
+    def prompt_logprob_chunks(self) -> list[tuple[PromptChunk, list[LogprobEntry]]]: ...
+
+
+class SchedulerEngine(Protocol):
+    @property
+    def pool(self) -> PoolFacts: ...
+
+    @property
+    def context_len(self) -> int: ...
+
+    @property
+    def model_config(self) -> ModelFacts: ...
+
+    @property
+    def config(self) -> EngineLimits: ...
+
+    @property
+    def platform(self) -> PlatformFacts: ...
+
+    @property
+    def model_dir(self) -> Path: ...  # where a structured-output request's tokenizer is read
+
+    def launch(self, plan: StepPlan, prev: Any = None) -> LaunchedStepLike:
+        """Queue `plan` on the device; `prev` is the step still in flight (`plan.from_prev`)."""
+        ...
