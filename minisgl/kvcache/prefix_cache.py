@@ -154,11 +154,3 @@ class NaivePrefixCache(BasePrefixCache):
 @PREFIX_CACHES.register("naive")
 def _create_naive(page_size: int) -> BasePrefixCache:
     return NaivePrefixCache(page_size)
-
-
-@PREFIX_CACHES.register("radix")
-def _create_radix(page_size: int) -> BasePrefixCache:
-    # Lazy: radix.py imports this module for the base class.
-    from minisgl.kvcache.radix import RadixPrefixCache
-
-    return RadixPrefixCache(page_size)

@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from minisgl.kvcache.prefix_cache import BasePrefixCache, CacheHandle, InsertResult, MatchResult
+from minisgl.kvcache.prefix_cache import PREFIX_CACHES, BasePrefixCache, CacheHandle, InsertResult, MatchResult
 
 _Key = tuple[int, ...]
 
@@ -275,3 +275,9 @@ class RadixPrefixCache(BasePrefixCache):
 
 def _is_evictable_leaf(node: _RadixNode) -> bool:
     return node.parent is not None and not node.children and node.ref == 0
+
+
+# Registered here (the package imports this module), so prefix_cache.py never imports radix.py back.
+@PREFIX_CACHES.register("radix")
+def _create_radix(page_size: int) -> BasePrefixCache:
+    return RadixPrefixCache(page_size)
