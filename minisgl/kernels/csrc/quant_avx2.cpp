@@ -6,6 +6,8 @@
 #if defined(__x86_64__) && !defined(MINISGL_QUANT_PORTABLE_ONLY)
 #include <immintrin.h>
 
+#include "quant_types.h"
+
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #else
@@ -50,6 +52,29 @@ struct V {
     out[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(a, a)));
   }
   static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+  static inline __m128 h2f_4bytes(const uint8_t* p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(v));
+  }
+  static inline float h2f_lo(const uint8_t* p) { return _mm_cvtss_f32(h2f_4bytes(p)); }
+  static inline void h2f_pair(const uint8_t* p, float* out) { _mm_storel_pi((__m64*)out, h2f_4bytes(p)); }
+  template <int MAP> static inline F nib_map(F q, F d, F m) {
+    if (MAP == NIB_MUL_ADD) return add(mul(d, q), m);
+    if (MAP == NIB_MUL_SUB) return sub(mul(d, q), m);
+    return mul(d, sub(q, set1(8.f)));
+  }
+  template <int MAP> static inline void nibbles(I q, float d, float m, F* lo, F* hi) {
+    const F dv = set1(d), mv = set1(m);
+    cvt_u8(shr_mask(q, 0, 0x0F), lo);
+    cvt_u8(shr_mask(q, 4, 0x0F), hi);
+    for (int v = 0; v < 16 / VL; ++v) lo[v] = nib_map<MAP>(lo[v], dv, mv), hi[v] = nib_map<MAP>(hi[v], dv, mv);
+  }
+  template <int MAP> static inline void nibbles_sel(I q, int high, float d, float m, F* out) {
+    const F dv = set1(d), mv = set1(m);
+    cvt_u8(shr_mask(q, high ? 4 : 0, 0x0F), out);
+    for (int v = 0; v < 16 / VL; ++v) out[v] = nib_map<MAP>(out[v], dv, mv);
+  }
 };
 
 }  // namespace avx2

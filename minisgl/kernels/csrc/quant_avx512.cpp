@@ -11,6 +11,8 @@
 #if defined(__x86_64__) && !defined(MINISGL_QUANT_PORTABLE_ONLY)
 #include <immintrin.h>
 
+#include "quant_types.h"
+
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), apply_to = function)
 #else
@@ -44,6 +46,35 @@ struct V {
   static inline void cvt_u8(I a, F* out) { out[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(a)); }
   static inline void cvt_i8(I a, F* out) { out[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(a)); }
   static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+  static inline __m128 h2f_4bytes(const uint8_t* p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(v));
+  }
+  static inline float h2f_lo(const uint8_t* p) { return _mm_cvtss_f32(h2f_4bytes(p)); }
+  static inline void h2f_pair(const uint8_t* p, float* out) { _mm_storel_pi((__m64*)out, h2f_4bytes(p)); }
+  // A nibble indexes a 16-float table (vpermps reads the low 4 bits of each index lane), built
+  // once per (sub-)block with the reference's operations: one permute per 16 weights instead of
+  // a convert and one or two FP ops.
+  template <int MAP> static inline F lut(float d, float m) {
+    const F iota = MAP == NIB_Q4_0 ? _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
+                                   : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const F t = _mm512_mul_ps(_mm512_set1_ps(d), iota);
+    if (MAP == NIB_MUL_ADD) return _mm512_add_ps(t, _mm512_set1_ps(m));
+    if (MAP == NIB_MUL_SUB) return _mm512_sub_ps(t, _mm512_set1_ps(m));
+    return t;
+  }
+  template <int MAP> static inline void nibbles(I q, float d, float m, F* lo, F* hi) {
+    const F table = lut<MAP>(d, m);
+    const __m512i z = _mm512_cvtepu8_epi32(q);
+    lo[0] = _mm512_permutexvar_ps(z, table);
+    hi[0] = _mm512_permutexvar_ps(_mm512_srli_epi32(z, 4), table);
+  }
+  template <int MAP> static inline void nibbles_sel(I q, int high, float d, float m, F* out) {
+    __m512i z = _mm512_cvtepu8_epi32(q);
+    if (high) z = _mm512_srli_epi32(z, 4);
+    out[0] = _mm512_permutexvar_ps(z, lut<MAP>(d, m));
+  }
 };
 
 }  // namespace avx512

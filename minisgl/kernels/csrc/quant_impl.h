@@ -9,7 +9,10 @@
 // V provides: F (a vector of V::VL floats), I (16 bytes), and
 //   zero, set1, load, store, add, sub, mul, fma(a, b, c) = a*b + c, hsum,
 //   load16, shr_mask(v, s, m) = (v >> s) & m per byte, or_shl4(a, b) = a | (b << 4) per byte,
-//   sub_i8(v, c) per byte, cvt_u8 / cvt_i8 (16 bytes -> 16 / VL vectors), h2f (fp16 bits -> float).
+//   sub_i8(v, c) per byte, cvt_u8 / cvt_i8 (16 bytes -> 16 / VL vectors), h2f (fp16 bits -> float),
+//   h2f_lo(p) / h2f_pair(p, out) (the fp16 at p / the two at p, reading 4 bytes),
+//   nibbles<MAP>(16 bytes, d, m, lo, hi): the low and the high nibbles through one of the NIB_*
+//   maps (quant_types.h), nibbles_sel<MAP>(16 bytes, high, d, m, out): one of the two.
 //
 // Each quant type dequantizes a 32-element chunk of a block into NV = 32 / VL vectors with the
 // same float operations, in the same order, as gguf.quants.dequantize (the build uses
@@ -31,70 +34,58 @@ static inline uint16_t rd16(const uint8_t* p) {
   return h;
 }
 
-// ---- per-type block decoding: prepare() once per block, chunk(c) for c < NC -------------------
+// ---- per-type block decoding: scales() once per block into SC floats, chunk(c) for c < NC ------
+// The fp16/6-bit scales are decoded by a separate pass over a group of blocks (GEMV) into a small
+// buffer, so the dequantizing loop broadcasts them from L1 instead of converting each in registers.
 
 struct Q8_0 {
-  static constexpr int QK = 32, BYTES = 34, NC = 1;
-  struct Ctx { float d; };
-  static inline Ctx prepare(const uint8_t* b) { return {V::h2f(rd16(b))}; }
-  static inline void chunk(const uint8_t* b, const Ctx& c, int, F* out) {
-    const F d = V::set1(c.d);
+  static constexpr int QK = 32, BYTES = 34, NC = 1, SC = 1;
+  static inline void scales(const uint8_t* b, float* s) { s[0] = V::h2f_lo(b); }
+  static inline void chunk(const uint8_t* b, const float* s, int, F* out) {
+    const F d = V::set1(s[0]);
     V::cvt_i8(V::load16(b + 2), out);
     V::cvt_i8(V::load16(b + 18), out + NV / 2);
-    for (int v = 0; v < NV; ++v) out[v] = V::mul(d, out[v]);
+    for (int v = 0; v < NV; ++v) out[v] = V::mul(out[v], d);  // q * d
   }
 };
 
 struct Q4_0 {
-  static constexpr int QK = 32, BYTES = 18, NC = 1;
-  struct Ctx { float d; };
-  static inline Ctx prepare(const uint8_t* b) { return {V::h2f(rd16(b))}; }
-  static inline void chunk(const uint8_t* b, const Ctx& c, int, F* out) {
-    const F d = V::set1(c.d);
-    const I q = V::load16(b + 2);
-    V::cvt_i8(V::sub_i8(V::shr_mask(q, 0, 0x0F), 8), out);           // elements 0..15: low nibbles
-    V::cvt_i8(V::sub_i8(V::shr_mask(q, 4, 0x0F), 8), out + NV / 2);  // 16..31: high nibbles
-    for (int v = 0; v < NV; ++v) out[v] = V::mul(d, out[v]);
+  static constexpr int QK = 32, BYTES = 18, NC = 1, SC = 1;
+  static inline void scales(const uint8_t* b, float* s) { s[0] = V::h2f_lo(b); }
+  static inline void chunk(const uint8_t* b, const float* s, int, F* out) {
+    // elements 0..15: low nibbles, 16..31: high nibbles; d * (q - 8)
+    V::template nibbles<NIB_Q4_0>(V::load16(b + 2), s[0], 0.f, out, out + NV / 2);
   }
 };
 
 struct Q4_1 {
-  static constexpr int QK = 32, BYTES = 20, NC = 1;
-  struct Ctx { float d, m; };
-  static inline Ctx prepare(const uint8_t* b) { return {V::h2f(rd16(b)), V::h2f(rd16(b + 2))}; }
-  static inline void chunk(const uint8_t* b, const Ctx& c, int, F* out) {
-    const F d = V::set1(c.d), m = V::set1(c.m);
-    const I q = V::load16(b + 4);
-    V::cvt_u8(V::shr_mask(q, 0, 0x0F), out);
-    V::cvt_u8(V::shr_mask(q, 4, 0x0F), out + NV / 2);
-    for (int v = 0; v < NV; ++v) out[v] = V::add(V::mul(d, out[v]), m);  // (d * q) + m
+  static constexpr int QK = 32, BYTES = 20, NC = 1, SC = 2;
+  static inline void scales(const uint8_t* b, float* s) { V::h2f_pair(b, s); }
+  static inline void chunk(const uint8_t* b, const float* s, int, F* out) {
+    V::template nibbles<NIB_MUL_ADD>(V::load16(b + 4), s[0], s[1], out, out + NV / 2);  // (d * q) + m
   }
 };
 
 // Q4_K super-block (256): d, dmin (fp16), 12 bytes of 6-bit scales/mins for 8 sub-blocks of 32,
 // 128 bytes of nibbles: sub-block c reads bytes 32*(c/2).. (low nibbles for even c, high for odd).
 struct Q4_K {
-  static constexpr int QK = 256, BYTES = 144, NC = 8;
-  struct Ctx { float ds[8], dm[8]; };
-  static inline Ctx prepare(const uint8_t* b) {
-    Ctx c;
-    const float d = V::h2f(rd16(b)), dmin = V::h2f(rd16(b + 2));
-    const uint8_t* s = b + 4;
+  static constexpr int QK = 256, BYTES = 144, NC = 8, SC = 16;
+  static inline void scales(const uint8_t* b, float* s) {  // s[j] = d * sc_j, s[8 + j] = dmin * m_j
+    float dd[2];
+    V::h2f_pair(b, dd);
+    const uint8_t* q = b + 4;
     for (int j = 0; j < 4; ++j) {
-      c.ds[j] = d * (float)(s[j] & 63);
-      c.dm[j] = dmin * (float)(s[j + 4] & 63);
-      c.ds[j + 4] = d * (float)((s[j + 8] & 0x0F) | ((s[j] >> 2) & 0x30));
-      c.dm[j + 4] = dmin * (float)((s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30));
+      s[j] = dd[0] * (float)(q[j] & 63);
+      s[8 + j] = dd[1] * (float)(q[j + 4] & 63);
+      s[j + 4] = dd[0] * (float)((q[j + 8] & 0x0F) | ((q[j] >> 2) & 0x30));
+      s[12 + j] = dd[1] * (float)((q[j + 8] >> 4) | ((q[j + 4] >> 2) & 0x30));
     }
-    return c;
   }
-  static inline void chunk(const uint8_t* b, const Ctx& c, int ci, F* out) {
+  static inline void chunk(const uint8_t* b, const float* s, int ci, F* out) {
     const uint8_t* q = b + 16 + 32 * (ci >> 1);
-    const int s = (ci & 1) * 4;
-    V::cvt_u8(V::shr_mask(V::load16(q), s, 0x0F), out);
-    V::cvt_u8(V::shr_mask(V::load16(q + 16), s, 0x0F), out + NV / 2);
-    const F d = V::set1(c.ds[ci]), m = V::set1(c.dm[ci]);
-    for (int v = 0; v < NV; ++v) out[v] = V::sub(V::mul(d, out[v]), m);  // (d*sc) * q - dmin*m
+    // (d*sc) * q - dmin*m
+    V::template nibbles_sel<NIB_MUL_SUB>(V::load16(q), ci & 1, s[ci], s[8 + ci], out);
+    V::template nibbles_sel<NIB_MUL_SUB>(V::load16(q + 16), ci & 1, s[ci], s[8 + ci], out + NV / 2);
   }
 };
 
@@ -102,15 +93,12 @@ struct Q4_K {
 // elements), d (fp16). Chunk c = 4*h + g: low nibbles from ql[64h + 32*(g&1) ..] shifted by
 // 4*(g>>1), high bits from qh[32h ..] shifted by 2g; q = that - 32; w = (d * scale) * q.
 struct Q6_K {
-  static constexpr int QK = 256, BYTES = 210, NC = 8;
-  struct Ctx { float ds[16]; };
-  static inline Ctx prepare(const uint8_t* b) {
-    Ctx c;
+  static constexpr int QK = 256, BYTES = 210, NC = 8, SC = 16;
+  static inline void scales(const uint8_t* b, float* s) {
     const float d = V::h2f(rd16(b + 208));
-    for (int j = 0; j < 16; ++j) c.ds[j] = d * (float)(int8_t)b[192 + j];
-    return c;
+    for (int j = 0; j < 16; ++j) s[j] = d * (float)(int8_t)b[192 + j];
   }
-  static inline void chunk(const uint8_t* b, const Ctx& c, int ci, F* out) {
+  static inline void chunk(const uint8_t* b, const float* s, int ci, F* out) {
     const int h = ci >> 2, g = ci & 3;
     const uint8_t* ql = b + 64 * h + 32 * (g & 1);
     const uint8_t* qh = b + 128 + 32 * h;
@@ -120,7 +108,7 @@ struct Q6_K {
       const I hi = V::shr_mask(V::load16(qh + 16 * e), sh, 0x03);
       F* o = out + e * (NV / 2);
       V::cvt_i8(V::sub_i8(V::or_shl4(lo, hi), 32), o);
-      const F d = V::set1(c.ds[2 * ci + e]);
+      const F d = V::set1(s[2 * ci + e]);
       for (int v = 0; v < NV / 2; ++v) o[v] = V::mul(d, o[v]);
     }
   }
@@ -131,27 +119,31 @@ struct Q6_K {
 template <class Q, int NR, int MR>
 static inline void gemv_tile(const uint8_t* w, int64_t rb, const float* x, int64_t K, float* y,
                              int64_t N, int64_t n, int64_t m0) {
+  constexpr int GB = Q::QK >= 256 ? 2 : 16;  // blocks per scale pass
   F acc[NR][MR][2];
+  float sbuf[NR][GB * Q::SC];
   for (int r = 0; r < NR; ++r)
     for (int i = 0; i < MR; ++i) acc[r][i][0] = acc[r][i][1] = V::zero();
   const int64_t nb = K / Q::QK;
-  for (int64_t bi = 0; bi < nb; ++bi) {
-    const uint8_t* blk[NR];
-    typename Q::Ctx ctx[NR];
+  for (int64_t b0 = 0; b0 < nb; b0 += GB) {
+    const int gn = nb - b0 < GB ? (int)(nb - b0) : GB;
     for (int r = 0; r < NR; ++r) {
-      blk[r] = w + (n + r) * rb + bi * Q::BYTES;
-      __builtin_prefetch(blk[r] + 8 * 64);
-      ctx[r] = Q::prepare(blk[r]);
+      const uint8_t* rowp = w + (n + r) * rb + b0 * Q::BYTES;
+      __builtin_prefetch(rowp + GB * Q::BYTES);
+      __builtin_prefetch(rowp + GB * Q::BYTES + 64);
+      for (int j = 0; j < gn; ++j) Q::scales(rowp + j * Q::BYTES, sbuf[r] + j * Q::SC);
     }
-    for (int c = 0; c < Q::NC; ++c) {
-      const int64_t k = bi * Q::QK + 32 * c;
-      for (int r = 0; r < NR; ++r) {
-        F wv[NV];
-        Q::chunk(blk[r], ctx[r], c, wv);
-        for (int i = 0; i < MR; ++i) {
-          const float* xp = x + (m0 + i) * K + k;
-          for (int v = 0; v < NV; ++v)
-            acc[r][i][v & 1] = V::fma(wv[v], V::load(xp + v * V::VL), acc[r][i][v & 1]);
+    for (int j = 0; j < gn; ++j) {
+      for (int c = 0; c < Q::NC; ++c) {
+        const int64_t k = (b0 + j) * Q::QK + 32 * c;
+        for (int r = 0; r < NR; ++r) {
+          F wv[NV];
+          Q::chunk(w + (n + r) * rb + (b0 + j) * Q::BYTES, sbuf[r] + j * Q::SC, c, wv);
+          for (int i = 0; i < MR; ++i) {
+            const float* xp = x + (m0 + i) * K + k;
+            for (int v = 0; v < NV; ++v)
+              acc[r][i][v & 1] = V::fma(wv[v], V::load(xp + v * V::VL), acc[r][i][v & 1]);
+          }
         }
       }
     }
@@ -195,10 +187,11 @@ static void dequant_rows(const uint8_t* w, int64_t rb, int64_t K, int64_t n0, in
     const uint8_t* row = w + (n0 + r) * rb;
     for (int64_t bi = 0; bi < K / Q::QK; ++bi) {
       const uint8_t* b = row + bi * Q::BYTES;
-      const typename Q::Ctx ctx = Q::prepare(b);
+      float sc[Q::SC];
+      Q::scales(b, sc);
       for (int c = 0; c < Q::NC; ++c) {
         F wv[NV];
-        Q::chunk(b, ctx, c, wv);
+        Q::chunk(b, sc, c, wv);
         float* o = out + r * K + bi * Q::QK + 32 * c;
         for (int v = 0; v < NV; ++v) V::store(o + v * V::VL, wv[v]);
       }
