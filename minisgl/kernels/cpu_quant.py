@@ -4,7 +4,8 @@ and x fp32. The activations are never quantized: each kernel dequantizes the wei
 with the reference's float operations (quant_ref.py) and accumulates x * w in fp32, so the output
 is the dequantize-then-fp32-matmul result up to summation order.
 
-Two kernels, both split over output rows across `torch.get_num_threads()` OpenMP threads:
+`QuantMatrix.create(blocks, qtype)` validates a tensor once; `quant_linear(x, qm)` is the lean
+per-call path for a layer (GEMV up to GEMV_MAX_ROWS rows, GEMM beyond). Two kernels, both split over output rows across `torch.get_num_threads()` OpenMP threads:
 - GEMV (`quant_gemv`, up to ~8 activation rows: decode): a few weight rows x up to 4 activation
   rows per register tile; each weight byte is read from memory once per call.
 - GEMM (`quant_gemm`, prefill): 32 weight rows at a time dequantized into an fp32 panel, then
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -40,6 +42,22 @@ GEMV_MAX_ROWS = 8  # quant_matmul takes the GEMV up to this many activation rows
 _CSRC = Path(__file__).with_name("csrc")
 _ERRORS = {1: "unsupported type", 2: "ISA not compiled in or not supported by this CPU",
            3: "K is not a multiple of the block size", 4: "out of memory"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class QuantMatrix:
+    """A GGUF tensor's blocks ready for the kernels: validated once, so each call only checks x."""
+
+    weight: torch.Tensor  # [n, row_bytes] uint8, contiguous
+    qtype: QuantType
+    n: int
+    k: int
+
+    @staticmethod
+    def create(weight: torch.Tensor, qtype: str | int | QuantType) -> QuantMatrix:
+        q = quant_type(qtype)
+        n, k = row_shape(weight, q)
+        return QuantMatrix(weight.contiguous(), q, n, k)
 
 
 class QuantLib:
@@ -65,21 +83,27 @@ class QuantLib:
             raise ValueError(f"ISA {isa!r} unavailable here (this build and CPU run: {', '.join(self.supported)})")
         return ISAS.index(isa)
 
-    def matmul(self, x: torch.Tensor, weight: torch.Tensor, qtype: str | int | QuantType, isa: Isa,
-               mode: Literal["gemv", "gemm"]) -> torch.Tensor:  # fmt: skip
-        q = quant_type(qtype)
-        n, k = row_shape(weight, q)
-        if x.dtype != torch.float32 or x.shape[-1] != k:
-            raise ValueError(f"x must be fp32 [..., {k}] for this {q.name} weight, got {x.dtype} {tuple(x.shape)}")
-        x2 = x.reshape(-1, k).contiguous()
-        w = weight.contiguous()
-        y = torch.empty(x2.shape[0], n, dtype=torch.float32)
-        rc = self._lib.minisgl_quant_matmul(q.ggml_type, w.data_ptr(), w.shape[1], n, x2.data_ptr(), x2.shape[0], k,
-                                            y.data_ptr(), self._isa_id(isa), 0 if mode == "gemv" else 1,
+    def matmul(self, x: torch.Tensor, weight: torch.Tensor | QuantMatrix, qtype: str | int | QuantType | None,
+               isa: Isa, mode: Literal["gemv", "gemm"]) -> torch.Tensor:  # fmt: skip
+        qm = weight if isinstance(weight, QuantMatrix) else QuantMatrix.create(weight, qtype)  # type: ignore[arg-type]
+        return self.run(x, qm, self._isa_id(isa), 0 if mode == "gemv" else 1)
+
+    def run(self, x: torch.Tensor, qm: QuantMatrix, isa_id: int, mode_id: int) -> torch.Tensor:
+        """The lean per-call path: isa_id = ISAS.index(isa) (checked by the caller), mode_id 0 GEMV, 1 GEMM."""
+        if x.dtype != torch.float32 or x.shape[-1] != qm.k:
+            raise ValueError(f"x must be fp32 [..., {qm.k}] for this {qm.qtype.name} weight, got {x.dtype} {tuple(x.shape)}")
+        flat = x.dim() == 2  # reshape/view cost microseconds each: skip them for 2-D inputs
+        x2 = x if flat else x.reshape(-1, qm.k)
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        rows = x2.shape[0]
+        y = torch.empty(rows, qm.n, dtype=torch.float32)
+        rc = self._lib.minisgl_quant_matmul(qm.qtype.ggml_type, qm.weight.data_ptr(), qm.weight.shape[1], qm.n,
+                                            x2.data_ptr(), rows, qm.k, y.data_ptr(), isa_id, mode_id,
                                             torch.get_num_threads())  # fmt: skip
         if rc:
-            raise RuntimeError(f"quantized {mode} failed: {_ERRORS.get(rc, rc)}")
-        return y.reshape(*x.shape[:-1], n)
+            raise RuntimeError(f"quantized {'gemv' if mode_id == 0 else 'gemm'} failed: {_ERRORS.get(rc, rc)}")
+        return y if flat else y.view(*x.shape[:-1], qm.n)
 
     def dequantize(self, weight: torch.Tensor, qtype: str | int | QuantType, isa: Isa) -> torch.Tensor:
         q = quant_type(qtype)
@@ -96,6 +120,7 @@ class QuantLib:
 _LIBS: dict[bool, QuantLib] = {}
 _LOCK = threading.Lock()
 _ISA: Isa | Literal["auto"] = "auto"
+_ISA_ID: int | None = None  # the resolved default path's C++ id, cached by quant_linear
 
 
 def build_dir(portable_only: bool = False) -> Path:
@@ -135,10 +160,10 @@ def load_library(portable_only: bool = False) -> QuantLib:
 
 def set_isa(isa: Isa | Literal["auto"]) -> None:
     """Force one code path for the calls that pass no `isa` ("auto": the best the CPU has)."""
-    global _ISA
+    global _ISA, _ISA_ID
     if isa != "auto" and isa not in ISAS:
         raise ValueError(f"isa must be one of auto, {', '.join(ISAS)}; got {isa!r}")
-    _ISA = isa
+    _ISA, _ISA_ID = isa, None  # _ISA_ID: resolved (and checked against the CPU) on the next call
 
 
 def resolve_isa(isa: Isa | Literal["auto"] | None = None, lib: QuantLib | None = None) -> Isa:
@@ -153,21 +178,37 @@ def available_isas() -> tuple[Isa, ...]:
     return load_library().supported
 
 
-def quant_gemv(x: torch.Tensor, weight: torch.Tensor, qtype: str | int | QuantType,
+def quant_linear(x: torch.Tensor, qm: QuantMatrix, isa: Isa | Literal["auto"] | None = None) -> torch.Tensor:
+    """x [..., K] fp32 @ W^T -> [..., N] for a prepared QuantMatrix: GEMV up to GEMV_MAX_ROWS rows,
+    GEMM beyond. The per-call path of a linear layer (~1 us of Python over the kernel)."""
+    global _ISA_ID
+    lib = _LIBS.get(False) or load_library()
+    if isa is None:
+        if _ISA_ID is None:
+            _ISA_ID = lib._isa_id(resolve_isa(None, lib))
+        isa_id = _ISA_ID
+    else:
+        isa_id = lib._isa_id(resolve_isa(isa, lib))
+    rows = x.numel() // qm.k if qm.k else 0
+    return lib.run(x, qm, isa_id, 0 if rows <= GEMV_MAX_ROWS else 1)
+
+
+def quant_gemv(x: torch.Tensor, weight: torch.Tensor | QuantMatrix, qtype: str | int | QuantType | None = None,
                isa: Isa | Literal["auto"] | None = None) -> torch.Tensor:  # fmt: skip
-    """x [..., K] fp32 @ W^T (W: [N, row_bytes] uint8 GGUF blocks) -> [..., N]; for few rows."""
+    """x [..., K] fp32 @ W^T (W: [N, row_bytes] uint8 GGUF blocks, or a QuantMatrix) -> [..., N];
+    for few rows."""
     lib = load_library()
     return lib.matmul(x, weight, qtype, resolve_isa(isa, lib), "gemv")
 
 
-def quant_gemm(x: torch.Tensor, weight: torch.Tensor, qtype: str | int | QuantType,
+def quant_gemm(x: torch.Tensor, weight: torch.Tensor | QuantMatrix, qtype: str | int | QuantType | None = None,
                isa: Isa | Literal["auto"] | None = None) -> torch.Tensor:  # fmt: skip
     """As quant_gemv, tiled for many rows (prefill)."""
     lib = load_library()
     return lib.matmul(x, weight, qtype, resolve_isa(isa, lib), "gemm")
 
 
-def quant_matmul(x: torch.Tensor, weight: torch.Tensor, qtype: str | int | QuantType,
+def quant_matmul(x: torch.Tensor, weight: torch.Tensor | QuantMatrix, qtype: str | int | QuantType | None = None,
                  isa: Isa | Literal["auto"] | None = None) -> torch.Tensor:  # fmt: skip
     """GEMV up to GEMV_MAX_ROWS activation rows, GEMM beyond."""
     rows = x.numel() // max(x.shape[-1], 1)

@@ -179,6 +179,17 @@ def test_dispatch_and_public_api(lib: cpu_quant.QuantLib) -> None:
     check_close(y.reshape(6, 9), x.reshape(6, 64), w)
     x18 = x.reshape(6, 64).repeat(3, 1)  # past GEMV_MAX_ROWS: the GEMM, with the GGML type id
     check_close(cpu_quant.quant_matmul(x18, weight, 8), x18, w)
+    qm = cpu_quant.QuantMatrix.create(weight, "Q8_0")
+    assert (qm.n, qm.k) == (9, 64)
+    for rows in (1, 8, 9, 20):  # both sides of GEMV_MAX_ROWS; 3-D input keeps its leading dims
+        xr = torch.randn(rows, 64)
+        check_close(cpu_quant.quant_linear(xr, qm), xr, w)
+    assert cpu_quant.quant_linear(x, qm).shape == (2, 3, 9)
+    check_close(cpu_quant.quant_linear(x[:, :, :], qm).reshape(6, 9), x.reshape(6, 64), w)
+    xt = torch.randn(64, 4).T  # non-contiguous rows
+    check_close(cpu_quant.quant_linear(xt, qm, isa="portable"), xt, w)
+    with pytest.raises(ValueError, match="fp32"):
+        cpu_quant.quant_linear(x.double(), qm)
     with pytest.raises(ValueError, match="fp32"):
         cpu_quant.quant_gemv(x.double(), weight, "Q8_0")
     with pytest.raises(ValueError, match="fp32"):

@@ -129,8 +129,8 @@ static inline void gemv_tile(const uint8_t* w, int64_t rb, const float* x, int64
     const int gn = nb - b0 < GB ? (int)(nb - b0) : GB;
     for (int r = 0; r < NR; ++r) {
       const uint8_t* rowp = w + (n + r) * rb + b0 * Q::BYTES;
-      __builtin_prefetch(rowp + GB * Q::BYTES);
-      __builtin_prefetch(rowp + GB * Q::BYTES + 64);
+      // The same bytes NR rows on (the next tile: rows are contiguous), a few KB ahead.
+      for (int off = 0; off < gn * Q::BYTES; off += 64) __builtin_prefetch(rowp + NR * rb + off);
       for (int j = 0; j < gn; ++j) Q::scales(rowp + j * Q::BYTES, sbuf[r] + j * Q::SC);
     }
     for (int j = 0; j < gn; ++j) {
