@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -100,12 +100,12 @@ def main() -> None:
             cells = []
             mode = "gemv" if args.rows <= cpu_quant.GEMV_MAX_ROWS else "gemm"
             for isa in isas:
-                sec = timed(lambda i: lib.matmul(x, copies[i % len(copies)], tname, isa, mode), len(copies))
+                sec = timed(lambda i, x=x, c=copies, t=tname, a=isa, m=mode: lib.matmul(x, c[i % len(c)], t, a, m), len(copies))
                 cells.append(f"{sec * 1e6:11.1f} {nbytes / sec / 1e9:5.1f}")
             if not args.no_torch:
                 wf = dequantize_ref(base, tname)
                 fcopies = [wf] + [wf.clone() for _ in range(max(0, min(ws // (wf.numel() * 4), 512) - 1))]
-                sec = timed(lambda i: x @ fcopies[i % len(fcopies)].T, len(fcopies))
+                sec = timed(lambda i, x=x, c=fcopies: x @ c[i % len(c)].T, len(fcopies))
                 cells.append(f"{sec * 1e6:12.1f} {wf.numel() * 4 / sec / 1e9:5.1f}")
                 del fcopies, wf
             print(f"{tname:5} {label:18} {nbytes / 2**20:6.2f} " + " ".join(cells), flush=True)
