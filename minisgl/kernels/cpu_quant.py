@@ -1,0 +1,222 @@
+"""Weight-only quantized CPU matmuls over GGUF blocks: y = x @ W^T with W kept as its GGUF blocks
+(Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; `tensor.data` of a gguf.GGUFReader tensor, [N, row_bytes] uint8)
+and x fp32. The activations are never quantized: each kernel dequantizes the weights in registers
+with the reference's float operations (quant_ref.py) and accumulates x * w in fp32, so the output
+is the dequantize-then-fp32-matmul result up to summation order.
+
+`QuantMatrix.create(blocks, qtype)` validates a tensor once; `quant_linear(x, qm)` is the lean
+per-call path for a layer (GEMV up to GEMV_MAX_ROWS rows, GEMM beyond). Two kernels, both split over output rows across `torch.get_num_threads()` OpenMP threads:
+- GEMV (`quant_gemv`, up to ~8 activation rows: decode): a few weight rows x up to 4 activation
+  rows per register tile; each weight byte is read from memory once per call.
+- GEMM (`quant_gemm`, prefill): 32 weight rows at a time dequantized into an fp32 panel, then
+  register-tiled dot products over all activation rows.
+
+Three code paths, picked at run time (`set_isa`, or `isa=` per call): "avx512" (F/BW/VL),
+"avx2" (+FMA, F16C), "portable" (plain C++, any target); "auto" takes the best the CPU has. The
+C++ sources (kernels/csrc/quant_*.cpp) are one library: each ISA's translation unit carries its
+own target attributes, so the build runs on AVX2-only and AVX-512 CPUs alike and never uses
+-march=native. `load_library(portable_only=True)` builds the portable path alone, with no x86
+code at all (what a non-x86 target gets; tests/kernels/test_cpu_quant.py checks it). Built at
+first use with torch.utils.cpp_extension.load (no torch headers: a few seconds) and cached.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from minisgl.env import ENV
+from minisgl.kernels.quant_ref import QuantType, quant_type, row_shape
+from minisgl.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+Isa = Literal["avx512", "avx2", "portable"]
+ISAS: tuple[Isa, ...] = ("portable", "avx2", "avx512")  # index = the C++ ISA id
+GEMV_MAX_ROWS = 8  # quant_matmul takes the GEMV up to this many activation rows
+_CSRC = Path(__file__).with_name("csrc")
+_ERRORS = {1: "unsupported type", 2: "ISA not compiled in or not supported by this CPU",
+           3: "K is not a multiple of the block size", 4: "out of memory"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class QuantMatrix:
+    """A GGUF tensor's blocks ready for the kernels: validated once, so each call only checks x."""
+
+    weight: torch.Tensor  # [n, row_bytes] uint8, contiguous
+    qtype: QuantType
+    n: int
+    k: int
+
+    @staticmethod
+    def create(weight: torch.Tensor, qtype: str | int | QuantType) -> QuantMatrix:
+        q = quant_type(qtype)
+        n, k = row_shape(weight, q)
+        return QuantMatrix(weight.contiguous(), q, n, k)
+
+
+class QuantLib:
+    """One build of the C++ kernels, called through ctypes (the GIL is released during a call)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        lib = ctypes.CDLL(path)
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        lib.minisgl_quant_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr,
+                                             ctypes.c_int, ctypes.c_int, ctypes.c_int]  # fmt: skip
+        lib.minisgl_quant_dequantize.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, ctypes.c_int, ctypes.c_int]
+        self._lib = lib
+        compiled, cpu = lib.minisgl_quant_isas_compiled(), lib.minisgl_quant_isas_cpu()
+        self.compiled: tuple[Isa, ...] = tuple(n for i, n in enumerate(ISAS) if compiled >> i & 1)
+        self.supported: tuple[Isa, ...] = tuple(n for i, n in enumerate(ISAS) if (compiled & cpu) >> i & 1)
+
+    def best_isa(self) -> Isa:
+        return self.supported[-1]
+
+    def _isa_id(self, isa: Isa) -> int:
+        if isa not in self.supported:
+            raise ValueError(f"ISA {isa!r} unavailable here (this build and CPU run: {', '.join(self.supported)})")
+        return ISAS.index(isa)
+
+    def matmul(self, x: torch.Tensor, weight: torch.Tensor | QuantMatrix, qtype: str | int | QuantType | None,
+               isa: Isa, mode: Literal["gemv", "gemm"]) -> torch.Tensor:  # fmt: skip
+        qm = weight if isinstance(weight, QuantMatrix) else QuantMatrix.create(weight, qtype)  # type: ignore[arg-type]
+        return self.run(x, qm, self._isa_id(isa), 0 if mode == "gemv" else 1)
+
+    def run(self, x: torch.Tensor, qm: QuantMatrix, isa_id: int, mode_id: int) -> torch.Tensor:
+        """The lean per-call path: isa_id = ISAS.index(isa) (checked by the caller), mode_id 0 GEMV, 1 GEMM."""
+        if x.dtype != torch.float32 or x.shape[-1] != qm.k:
+            raise ValueError(f"x must be fp32 [..., {qm.k}] for this {qm.qtype.name} weight, got {x.dtype} {tuple(x.shape)}")
+        flat = x.dim() == 2  # reshape/view cost microseconds each: skip them for 2-D inputs
+        x2 = x if flat else x.reshape(-1, qm.k)
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        rows = x2.shape[0]
+        y = torch.empty(rows, qm.n, dtype=torch.float32)
+        rc = self._lib.minisgl_quant_matmul(qm.qtype.ggml_type, qm.weight.data_ptr(), qm.weight.shape[1], qm.n,
+                                            x2.data_ptr(), rows, qm.k, y.data_ptr(), isa_id, mode_id,
+                                            torch.get_num_threads())  # fmt: skip
+        if rc:
+            raise RuntimeError(f"quantized {'gemv' if mode_id == 0 else 'gemm'} failed: {_ERRORS.get(rc, rc)}")
+        return y if flat else y.view(*x.shape[:-1], qm.n)
+
+    def dequantize(self, weight: torch.Tensor, qtype: str | int | QuantType, isa: Isa) -> torch.Tensor:
+        q = quant_type(qtype)
+        n, k = row_shape(weight, q)
+        w = weight.contiguous()
+        out = torch.empty(n, k, dtype=torch.float32)
+        rc = self._lib.minisgl_quant_dequantize(q.ggml_type, w.data_ptr(), w.shape[1], n, k, out.data_ptr(),
+                                                self._isa_id(isa), torch.get_num_threads())  # fmt: skip
+        if rc:
+            raise RuntimeError(f"quantized dequantize failed: {_ERRORS.get(rc, rc)}")
+        return out
+
+
+_LIBS: dict[bool, QuantLib] = {}
+_LOCK = threading.Lock()
+_ISA: Isa | Literal["auto"] = "auto"
+_ISA_ID: int | None = None  # the resolved default path's C++ id, cached by quant_linear
+
+
+def build_dir(portable_only: bool = False) -> Path:
+    return ENV.cache_dir / "cpu_quant" / ("portable" if portable_only else "all")
+
+
+def load_library(portable_only: bool = False) -> QuantLib:
+    """The built kernels (built on first use, then cached under `build_dir()`); RuntimeError if the
+    build fails. `portable_only`: the portable path alone, compiled with no x86 code or flags."""
+    with _LOCK:
+        if portable_only in _LIBS:
+            return _LIBS[portable_only]
+        from torch.utils.cpp_extension import load
+
+        name = "minisgl_quant_portable" if portable_only else "minisgl_quant"
+        sources = ["quant_dispatch.cpp", "quant_portable.cpp"]
+        if not portable_only:
+            sources += ["quant_avx2.cpp", "quant_avx512.cpp"]
+        directory = build_dir(portable_only)
+        directory.mkdir(parents=True, exist_ok=True)
+        cached = any(directory.glob(f"{name}*.so"))
+        (logger.debug if cached else logger.info)(
+            "%s the quantized CPU kernels (%s) in %s", "loading" if cached else "building (first use, ~10 s)",
+            "portable only" if portable_only else "avx512 + avx2 + portable", directory)  # fmt: skip
+        cflags = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
+        if portable_only:
+            cflags.append("-DMINISGL_QUANT_PORTABLE_ONLY")
+        try:
+            path = load(name=name, sources=[str(_CSRC / s) for s in sources], extra_cflags=cflags,
+                        extra_ldflags=["-fopenmp"], extra_include_paths=[str(_CSRC)],
+                        build_directory=str(directory), is_python_module=False, verbose=False)  # fmt: skip
+        except Exception as exc:  # no compiler: the caller keeps a float path
+            raise RuntimeError(f"building the quantized CPU kernels failed ({type(exc).__name__}: {exc})") from exc
+        lib = _LIBS[portable_only] = QuantLib(str(path))
+        return lib
+
+
+def set_isa(isa: Isa | Literal["auto"]) -> None:
+    """Force one code path for the calls that pass no `isa` ("auto": the best the CPU has)."""
+    global _ISA, _ISA_ID
+    if isa != "auto" and isa not in ISAS:
+        raise ValueError(f"isa must be one of auto, {', '.join(ISAS)}; got {isa!r}")
+    _ISA, _ISA_ID = isa, None  # _ISA_ID: resolved (and checked against the CPU) on the next call
+
+
+def resolve_isa(isa: Isa | Literal["auto"] | None = None, lib: QuantLib | None = None) -> Isa:
+    """The path a call with this `isa` argument takes (None: the module's `set_isa` choice)."""
+    choice = _ISA if isa is None else isa
+    lib = lib or load_library()
+    return lib.best_isa() if choice == "auto" else choice
+
+
+def available_isas() -> tuple[Isa, ...]:
+    """The paths this build can run on this CPU, slowest first."""
+    return load_library().supported
+
+
+def quant_linear(x: torch.Tensor, qm: QuantMatrix, isa: Isa | Literal["auto"] | None = None) -> torch.Tensor:
+    """x [..., K] fp32 @ W^T -> [..., N] for a prepared QuantMatrix: GEMV up to GEMV_MAX_ROWS rows,
+    GEMM beyond. The per-call path of a linear layer (~1 us of Python over the kernel)."""
+    global _ISA_ID
+    lib = _LIBS.get(False) or load_library()
+    if isa is None:
+        if _ISA_ID is None:
+            _ISA_ID = lib._isa_id(resolve_isa(None, lib))
+        isa_id = _ISA_ID
+    else:
+        isa_id = lib._isa_id(resolve_isa(isa, lib))
+    rows = x.numel() // qm.k if qm.k else 0
+    return lib.run(x, qm, isa_id, 0 if rows <= GEMV_MAX_ROWS else 1)
+
+
+def quant_gemv(x: torch.Tensor, weight: torch.Tensor | QuantMatrix, qtype: str | int | QuantType | None = None,
+               isa: Isa | Literal["auto"] | None = None) -> torch.Tensor:  # fmt: skip
+    """x [..., K] fp32 @ W^T (W: [N, row_bytes] uint8 GGUF blocks, or a QuantMatrix) -> [..., N];
+    for few rows."""
+    lib = load_library()
+    return lib.matmul(x, weight, qtype, resolve_isa(isa, lib), "gemv")
+
+
+def quant_gemm(x: torch.Tensor, weight: torch.Tensor | QuantMatrix, qtype: str | int | QuantType | None = None,
+               isa: Isa | Literal["auto"] | None = None) -> torch.Tensor:  # fmt: skip
+    """As quant_gemv, tiled for many rows (prefill)."""
+    lib = load_library()
+    return lib.matmul(x, weight, qtype, resolve_isa(isa, lib), "gemm")
+
+
+def quant_matmul(x: torch.Tensor, weight: torch.Tensor | QuantMatrix, qtype: str | int | QuantType | None = None,
+                 isa: Isa | Literal["auto"] | None = None) -> torch.Tensor:  # fmt: skip
+    """GEMV up to GEMV_MAX_ROWS activation rows, GEMM beyond."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    return (quant_gemv if rows <= GEMV_MAX_ROWS else quant_gemm)(x, weight, qtype, isa)
+
+
+def dequantize(weight: torch.Tensor, qtype: str | int | QuantType,
+               isa: Isa | Literal["auto"] | None = None) -> torch.Tensor:  # fmt: skip
+    """[N, row_bytes] uint8 blocks -> [N, K] fp32 (equal to quant_ref.dequantize_ref bit for bit)."""
+    lib = load_library()
+    return lib.dequantize(weight, qtype, resolve_isa(isa, lib))

@@ -1,0 +1,91 @@
+// AVX2 + FMA + F16C path of the quantized CPU kernels (Zen 2/3, Intel client chips), compiled for
+// that target through a target pragma / attribute, as quant_avx512.cpp explains.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#if defined(__x86_64__) && !defined(MINISGL_QUANT_PORTABLE_ONLY)
+#include <immintrin.h>
+
+#include "quant_types.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+namespace minisgl_quant {
+namespace avx2 {
+
+struct V {
+  static constexpr int VL = 8;
+  static constexpr int GEMM_MR = 4, GEMM_NR = 2;
+  using F = __m256;
+  using I = __m128i;
+  static inline F zero() { return _mm256_setzero_ps(); }
+  static inline F set1(float a) { return _mm256_set1_ps(a); }
+  static inline F load(const float* p) { return _mm256_loadu_ps(p); }
+  static inline void store(float* p, F a) { _mm256_storeu_ps(p, a); }
+  static inline F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static inline F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static inline F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static inline F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static inline float hsum(F a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static inline I load16(const uint8_t* p) { return _mm_loadu_si128((const __m128i*)p); }
+  static inline I shr_mask(I a, int s, int m) {
+    return _mm_and_si128(_mm_srl_epi16(a, _mm_cvtsi32_si128(s)), _mm_set1_epi8((char)m));
+  }
+  static inline I or_shl4(I a, I b) { return _mm_or_si128(a, _mm_slli_epi16(b, 4)); }
+  static inline I sub_i8(I a, int c) { return _mm_sub_epi8(a, _mm_set1_epi8((char)c)); }
+  static inline void cvt_u8(I a, F* out) {
+    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(a));
+    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(a, a)));
+  }
+  static inline void cvt_i8(I a, F* out) {
+    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a));
+    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(a, a)));
+  }
+  static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+  static inline __m128 h2f_4bytes(const uint8_t* p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(v));
+  }
+  static inline float h2f_lo(const uint8_t* p) { return _mm_cvtss_f32(h2f_4bytes(p)); }
+  static inline void h2f_pair(const uint8_t* p, float* out) { _mm_storel_pi((__m64*)out, h2f_4bytes(p)); }
+  template <int MAP> static inline F nib_map(F q, F d, F m) {
+    if (MAP == NIB_MUL_ADD) return add(mul(d, q), m);
+    if (MAP == NIB_MUL_SUB) return sub(mul(d, q), m);
+    return mul(d, sub(q, set1(8.f)));
+  }
+  template <int MAP> static inline void nibbles(I q, float d, float m, F* lo, F* hi) {
+    const F dv = set1(d), mv = set1(m);
+    cvt_u8(shr_mask(q, 0, 0x0F), lo);
+    cvt_u8(shr_mask(q, 4, 0x0F), hi);
+    for (int v = 0; v < 16 / VL; ++v) lo[v] = nib_map<MAP>(lo[v], dv, mv), hi[v] = nib_map<MAP>(hi[v], dv, mv);
+  }
+  template <int MAP> static inline void nibbles_sel(I q, int high, float d, float m, F* out) {
+    const F dv = set1(d), mv = set1(m);
+    cvt_u8(shr_mask(q, high ? 4 : 0, 0x0F), out);
+    for (int v = 0; v < 16 / VL; ++v) out[v] = nib_map<MAP>(out[v], dv, mv);
+  }
+};
+
+}  // namespace avx2
+}  // namespace minisgl_quant
+
+#define QUANT_ISA_NS avx2
+#include "quant_impl.h"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif

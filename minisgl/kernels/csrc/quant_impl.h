@@ -1,0 +1,271 @@
+// Weight-only quantized GEMV / GEMM over GGUF blocks, written once over an ISA traits struct `V`.
+//
+// Included by each ISA translation unit (quant_avx512.cpp, quant_avx2.cpp, quant_portable.cpp)
+// after it has defined `V` and `QUANT_ISA_NS`; everything here lands in that namespace, so the
+// three instantiations never share a symbol (no ODR merging of code built for different ISAs).
+// The including TU has already included <cstdint>, <cstdlib>, <cstring>: no std templates are
+// used here, so nothing compiled under an ISA's target attributes can leak into another TU.
+//
+// V provides: F (a vector of V::VL floats), I (16 bytes), and
+//   zero, set1, load, store, add, sub, mul, fma(a, b, c) = a*b + c, hsum,
+//   load16, shr_mask(v, s, m) = (v >> s) & m per byte, or_shl4(a, b) = a | (b << 4) per byte,
+//   sub_i8(v, c) per byte, cvt_u8 / cvt_i8 (16 bytes -> 16 / VL vectors), h2f (fp16 bits -> float),
+//   h2f_lo(p) / h2f_pair(p, out) (the fp16 at p / the two at p, reading 4 bytes),
+//   nibbles<MAP>(16 bytes, d, m, lo, hi): the low and the high nibbles through one of the NIB_*
+//   maps (quant_types.h), nibbles_sel<MAP>(16 bytes, high, d, m, out): one of the two.
+//
+// Each quant type dequantizes a 32-element chunk of a block into NV = 32 / VL vectors with the
+// same float operations, in the same order, as gguf.quants.dequantize (the build uses
+// -ffp-contract=off), so the weights the kernels multiply are bit-identical to the reference's;
+// only the summation order of the dot products differs.
+
+#include "quant_types.h"
+
+namespace minisgl_quant {
+namespace QUANT_ISA_NS {
+
+constexpr int NV = 32 / V::VL;  // vectors per 32-element chunk
+using F = V::F;
+using I = V::I;
+
+static inline uint16_t rd16(const uint8_t* p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return h;
+}
+
+// ---- per-type block decoding: scales() once per block into SC floats, chunk(c) for c < NC ------
+// The fp16/6-bit scales are decoded by a separate pass over a group of blocks (GEMV) into a small
+// buffer, so the dequantizing loop broadcasts them from L1 instead of converting each in registers.
+
+struct Q8_0 {
+  static constexpr int QK = 32, BYTES = 34, NC = 1, SC = 1;
+  static inline void scales(const uint8_t* b, float* s) { s[0] = V::h2f_lo(b); }
+  static inline void chunk(const uint8_t* b, const float* s, int, F* out) {
+    const F d = V::set1(s[0]);
+    V::cvt_i8(V::load16(b + 2), out);
+    V::cvt_i8(V::load16(b + 18), out + NV / 2);
+    for (int v = 0; v < NV; ++v) out[v] = V::mul(out[v], d);  // q * d
+  }
+};
+
+struct Q4_0 {
+  static constexpr int QK = 32, BYTES = 18, NC = 1, SC = 1;
+  static inline void scales(const uint8_t* b, float* s) { s[0] = V::h2f_lo(b); }
+  static inline void chunk(const uint8_t* b, const float* s, int, F* out) {
+    // elements 0..15: low nibbles, 16..31: high nibbles; d * (q - 8)
+    V::template nibbles<NIB_Q4_0>(V::load16(b + 2), s[0], 0.f, out, out + NV / 2);
+  }
+};
+
+struct Q4_1 {
+  static constexpr int QK = 32, BYTES = 20, NC = 1, SC = 2;
+  static inline void scales(const uint8_t* b, float* s) { V::h2f_pair(b, s); }
+  static inline void chunk(const uint8_t* b, const float* s, int, F* out) {
+    V::template nibbles<NIB_MUL_ADD>(V::load16(b + 4), s[0], s[1], out, out + NV / 2);  // (d * q) + m
+  }
+};
+
+// Q4_K super-block (256): d, dmin (fp16), 12 bytes of 6-bit scales/mins for 8 sub-blocks of 32,
+// 128 bytes of nibbles: sub-block c reads bytes 32*(c/2).. (low nibbles for even c, high for odd).
+struct Q4_K {
+  static constexpr int QK = 256, BYTES = 144, NC = 8, SC = 16;
+  static inline void scales(const uint8_t* b, float* s) {  // s[j] = d * sc_j, s[8 + j] = dmin * m_j
+    float dd[2];
+    V::h2f_pair(b, dd);
+    const uint8_t* q = b + 4;
+    for (int j = 0; j < 4; ++j) {
+      s[j] = dd[0] * (float)(q[j] & 63);
+      s[8 + j] = dd[1] * (float)(q[j + 4] & 63);
+      s[j + 4] = dd[0] * (float)((q[j + 8] & 0x0F) | ((q[j] >> 2) & 0x30));
+      s[12 + j] = dd[1] * (float)((q[j + 8] >> 4) | ((q[j + 4] >> 2) & 0x30));
+    }
+  }
+  static inline void chunk(const uint8_t* b, const float* s, int ci, F* out) {
+    const uint8_t* q = b + 16 + 32 * (ci >> 1);
+    // (d*sc) * q - dmin*m
+    V::template nibbles_sel<NIB_MUL_SUB>(V::load16(q), ci & 1, s[ci], s[8 + ci], out);
+    V::template nibbles_sel<NIB_MUL_SUB>(V::load16(q + 16), ci & 1, s[ci], s[8 + ci], out + NV / 2);
+  }
+};
+
+// Q6_K super-block (256): ql[128] low nibbles, qh[64] 2-bit highs, 16 int8 scales (one per 16
+// elements), d (fp16). Chunk c = 4*h + g: low nibbles from ql[64h + 32*(g&1) ..] shifted by
+// 4*(g>>1), high bits from qh[32h ..] shifted by 2g; q = that - 32; w = (d * scale) * q.
+struct Q6_K {
+  static constexpr int QK = 256, BYTES = 210, NC = 8, SC = 16;
+  static inline void scales(const uint8_t* b, float* s) {
+    const float d = V::h2f(rd16(b + 208));
+    for (int j = 0; j < 16; ++j) s[j] = d * (float)(int8_t)b[192 + j];
+  }
+  static inline void chunk(const uint8_t* b, const float* s, int ci, F* out) {
+    const int h = ci >> 2, g = ci & 3;
+    const uint8_t* ql = b + 64 * h + 32 * (g & 1);
+    const uint8_t* qh = b + 128 + 32 * h;
+    const int sl = 4 * (g >> 1), sh = 2 * g;
+    for (int e = 0; e < 2; ++e) {
+      const I lo = V::shr_mask(V::load16(ql + 16 * e), sl, 0x0F);
+      const I hi = V::shr_mask(V::load16(qh + 16 * e), sh, 0x03);
+      F* o = out + e * (NV / 2);
+      V::cvt_i8(V::sub_i8(V::or_shl4(lo, hi), 32), o);
+      const F d = V::set1(s[2 * ci + e]);
+      for (int v = 0; v < NV / 2; ++v) o[v] = V::mul(d, o[v]);
+    }
+  }
+};
+
+// ---- GEMV: NR weight rows x MR activation rows per tile, weights dequantized in registers ------
+
+template <class Q, int NR, int MR>
+static inline void gemv_tile(const uint8_t* w, int64_t rb, const float* x, int64_t K, float* y,
+                             int64_t N, int64_t n, int64_t m0) {
+  constexpr int GB = Q::QK >= 256 ? 2 : 16;  // blocks per scale pass
+  F acc[NR][MR][2];
+  float sbuf[NR][GB * Q::SC];
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MR; ++i) acc[r][i][0] = acc[r][i][1] = V::zero();
+  const int64_t nb = K / Q::QK;
+  for (int64_t b0 = 0; b0 < nb; b0 += GB) {
+    const int gn = nb - b0 < GB ? (int)(nb - b0) : GB;
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* rowp = w + (n + r) * rb + b0 * Q::BYTES;
+      // The same bytes NR rows on (the next tile: rows are contiguous), a few KB ahead.
+      for (int off = 0; off < gn * Q::BYTES; off += 64) __builtin_prefetch(rowp + NR * rb + off);
+      for (int j = 0; j < gn; ++j) Q::scales(rowp + j * Q::BYTES, sbuf[r] + j * Q::SC);
+    }
+    for (int j = 0; j < gn; ++j) {
+      for (int c = 0; c < Q::NC; ++c) {
+        const int64_t k = (b0 + j) * Q::QK + 32 * c;
+        for (int r = 0; r < NR; ++r) {
+          F wv[NV];
+          Q::chunk(w + (n + r) * rb + (b0 + j) * Q::BYTES, sbuf[r] + j * Q::SC, c, wv);
+          for (int i = 0; i < MR; ++i) {
+            const float* xp = x + (m0 + i) * K + k;
+            for (int v = 0; v < NV; ++v)
+              acc[r][i][v & 1] = V::fma(wv[v], V::load(xp + v * V::VL), acc[r][i][v & 1]);
+          }
+        }
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MR; ++i) y[(m0 + i) * N + n + r] = V::hsum(V::add(acc[r][i][0], acc[r][i][1]));
+}
+
+template <class Q, int MR>
+static void gemv_rows(const uint8_t* w, int64_t rb, const float* x, int64_t K, float* y, int64_t N,
+                      int64_t n0, int64_t n1, int64_t m0) {
+  constexpr int NR = MR == 1 ? 4 : (MR == 2 ? 2 : 1);
+  int64_t n = n0;
+  for (; n + NR <= n1; n += NR) gemv_tile<Q, NR, MR>(w, rb, x, K, y, N, n, m0);
+  for (; n < n1; ++n) gemv_tile<Q, 1, MR>(w, rb, x, K, y, N, n, m0);
+}
+
+template <class Q>
+static void gemv_q(const uint8_t* w, int64_t rb, const float* x, int64_t M, int64_t K, float* y,
+                   int64_t N, int64_t n0, int64_t n1) {
+  // Row blocks of 16 outer, activation rows inner: a block's bytes are read from memory once and
+  // re-read from L1 for each group of 4 activation rows.
+  for (int64_t nb = n0; nb < n1; nb += 16) {
+    const int64_t ne = nb + 16 < n1 ? nb + 16 : n1;
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) gemv_rows<Q, 4>(w, rb, x, K, y, N, nb, ne, m);
+    switch (M - m) {
+      case 3: gemv_rows<Q, 3>(w, rb, x, K, y, N, nb, ne, m); break;
+      case 2: gemv_rows<Q, 2>(w, rb, x, K, y, N, nb, ne, m); break;
+      case 1: gemv_rows<Q, 1>(w, rb, x, K, y, N, nb, ne, m); break;
+      default: break;
+    }
+  }
+}
+
+// ---- GEMM: dequantize a panel of GEMM_NB weight rows to fp32, then register-tiled dot products --
+
+template <class Q>
+static void dequant_rows(const uint8_t* w, int64_t rb, int64_t K, int64_t n0, int64_t rows, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = w + (n0 + r) * rb;
+    for (int64_t bi = 0; bi < K / Q::QK; ++bi) {
+      const uint8_t* b = row + bi * Q::BYTES;
+      float sc[Q::SC];
+      Q::scales(b, sc);
+      for (int c = 0; c < Q::NC; ++c) {
+        F wv[NV];
+        Q::chunk(b, sc, c, wv);
+        float* o = out + r * K + bi * Q::QK + 32 * c;
+        for (int v = 0; v < NV; ++v) V::store(o + v * V::VL, wv[v]);
+      }
+    }
+  }
+}
+
+// One MR x NR tile of y; rows past the end are clamped to the last row and not stored.
+static inline void gemm_micro(const float* x, int64_t M, int64_t K, const float* panel, int64_t rows,
+                              float* y, int64_t N, int64_t m0, int64_t n0, int64_t j0) {
+  constexpr int MR = V::GEMM_MR, NR = V::GEMM_NR;
+  const float* xr[MR];
+  const float* wr[NR];
+  for (int i = 0; i < MR; ++i) xr[i] = x + (m0 + i < M ? m0 + i : M - 1) * K;
+  for (int j = 0; j < NR; ++j) wr[j] = panel + (j0 + j < rows ? j0 + j : rows - 1) * K;
+  F acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = V::zero();
+  for (int64_t k = 0; k < K; k += V::VL) {
+    F wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = V::load(wr[j] + k);
+    for (int i = 0; i < MR; ++i) {
+      const F xv = V::load(xr[i] + k);
+      for (int j = 0; j < NR; ++j) acc[i][j] = V::fma(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR && m0 + i < M; ++i)
+    for (int j = 0; j < NR && j0 + j < rows; ++j) y[(m0 + i) * N + n0 + j0 + j] = V::hsum(acc[i][j]);
+}
+
+template <class Q>
+static void gemm_q(const uint8_t* w, int64_t rb, const float* x, int64_t M, int64_t K, float* y,
+                   int64_t N, int64_t n0, int64_t n1, float* scratch) {
+  for (int64_t nb = n0; nb < n1; nb += GEMM_NB) {
+    const int64_t rows = nb + GEMM_NB < n1 ? GEMM_NB : n1 - nb;
+    dequant_rows<Q>(w, rb, K, nb, rows, scratch);
+    for (int64_t m = 0; m < M; m += V::GEMM_MR)
+      for (int64_t j = 0; j < rows; j += V::GEMM_NR) gemm_micro(x, M, K, scratch, rows, y, N, m, nb, j);
+  }
+}
+
+// ---- entry points (single-threaded over output rows [n0, n1); the caller splits the threads) ---
+
+#define MINISGL_QUANT_SWITCH(QT, CALL)            \
+  switch (QT) {                                   \
+    case QT_Q8_0: CALL(Q8_0); return 0;           \
+    case QT_Q4_0: CALL(Q4_0); return 0;           \
+    case QT_Q4_1: CALL(Q4_1); return 0;           \
+    case QT_Q4_K: CALL(Q4_K); return 0;           \
+    case QT_Q6_K: CALL(Q6_K); return 0;           \
+    default: return 1;                            \
+  }
+
+int gemv(int qtype, const uint8_t* w, int64_t rb, const float* x, int64_t M, int64_t K, float* y,
+         int64_t N, int64_t n0, int64_t n1) {
+#define CALL_GEMV(Q) gemv_q<Q>(w, rb, x, M, K, y, N, n0, n1)
+  MINISGL_QUANT_SWITCH(qtype, CALL_GEMV)
+#undef CALL_GEMV
+}
+
+int gemm(int qtype, const uint8_t* w, int64_t rb, const float* x, int64_t M, int64_t K, float* y,
+         int64_t N, int64_t n0, int64_t n1, float* scratch) {
+#define CALL_GEMM(Q) gemm_q<Q>(w, rb, x, M, K, y, N, n0, n1, scratch)
+  MINISGL_QUANT_SWITCH(qtype, CALL_GEMM)
+#undef CALL_GEMM
+}
+
+int dequantize(int qtype, const uint8_t* w, int64_t rb, int64_t K, int64_t n0, int64_t n1, float* out) {
+#define CALL_DEQ(Q) dequant_rows<Q>(w, rb, K, n0, n1 - n0, out + n0 * K)
+  MINISGL_QUANT_SWITCH(qtype, CALL_DEQ)
+#undef CALL_DEQ
+}
+
+#undef MINISGL_QUANT_SWITCH
+
+}  // namespace QUANT_ISA_NS
+}  // namespace minisgl_quant
