@@ -92,10 +92,12 @@ def _family_config(tf, arch: str, common: dict) -> tuple:  # type: ignore[no-unt
                                  image_token_index=511, boi_token_index=509, eoi_token_index=510)  # fmt: skip
         return config, tf.Gemma3ForConditionalGeneration
     if arch == "phi3":
-        # Partial rotary (8 of 16 dims) and LongRoPE whose long factors start inside the decode
-        # (prompts stay within original_max_position_embeddings, see layers/rotary.py).
+        # Partial rotary (8 of 16 dims) and LongRoPE. The parity prompts stay within
+        # original_max_position_embeddings: past it transformers recomputes the whole cache with
+        # the long factors, which a paged cache does not (layers/rotary.py); the long factors'
+        # table is checked against transformers' in test_families_config.py.
         rope = {"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6], "long_factor": [2.0, 3.0, 5.0, 8.0]}
-        config = tf.Phi3Config(num_hidden_layers=2, partial_rotary_factor=0.5, original_max_position_embeddings=96,
+        config = tf.Phi3Config(num_hidden_layers=2, partial_rotary_factor=0.5, original_max_position_embeddings=128,
                                rope_scaling=rope, sliding_window=WINDOW + 8, pad_token_id=0, bos_token_id=1,
                                eos_token_id=2, **common)  # fmt: skip
         return config, tf.Phi3ForCausalLM
