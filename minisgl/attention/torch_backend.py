@@ -118,15 +118,21 @@ class TorchAttnBackend(BaseAttnBackend):
         if batch.phase == "decode" and self.cpu_kernel:
             meta.kernel = (batch.rows, batch.seq_lens)
         elif batch.phase == "decode" and table.device.type != "cpu":
-            max_len = batch.max_seq_len
-            positions = torch.arange(max_len, device=table.device)
-            valid = positions.unsqueeze(0) < batch.seq_lens.unsqueeze(1)  # [B, L]
-            slots = table[batch.rows, :max_len].long()
-            meta.slots = torch.where(valid, slots, self.pool.scratch_slot)
-            meta.mask = valid[:, None, None, :]
+            self.pad_decode(meta)
         else:
             meta.plans[None] = plan_requests(batch, None)
         batch.attn_meta = meta
+
+    def pad_decode(self, meta: TorchAttnMeta) -> None:
+        """Decode as one batched call (CUDA's path): every request's KV gathered into [B, L],
+        padding masked out and pointed at the scratch slot."""
+        batch, table = meta.batch, meta.batch.token_table
+        max_len = batch.max_seq_len
+        positions = torch.arange(max_len, device=table.device)
+        valid = positions.unsqueeze(0) < batch.seq_lens.unsqueeze(1)  # [B, L]
+        slots = table[batch.rows, :max_len].long()
+        meta.slots = torch.where(valid, slots, self.pool.scratch_slot)
+        meta.mask = valid[:, None, None, :]
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer_id: int, batch: ForwardBatch
