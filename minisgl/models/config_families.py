@@ -55,6 +55,10 @@ def family_config(arch: str, cfg: dict[str, Any]) -> dict[str, Any]:
         cfg.setdefault("layer_types", None)
         if not cfg["layer_types"]:
             cfg["layer_types"] = [SLIDING if (i + 1) % pattern else FULL for i in range(int(cfg["num_hidden_layers"]))]
+    elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and cfg.get("use_sliding_window") and not cfg.get("layer_types"):
+        # transformers: the window applies from layer `max_window_layers` on
+        first = int(cfg.get("max_window_layers", 0) or 0)
+        cfg = {**cfg, "layer_types": [SLIDING if i >= first else FULL for i in range(int(cfg["num_hidden_layers"]))]}
     elif arch == "Gemma2ForCausalLM":
         cfg = {**_GEMMA2_DEFAULTS, **{k: v for k, v in cfg.items() if v is not None or k.endswith("softcapping")}}
         if not cfg.get("layer_types"):

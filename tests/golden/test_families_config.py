@@ -99,6 +99,15 @@ def test_granite_and_mistral_knobs() -> None:
     assert mistral.layer_window(1) == 4096 and mistral.serving_context_len() == 32768  # no longer capped
 
 
+def test_qwen2_window_from_max_window_layers() -> None:
+    config = ModelConfig.from_dict({
+        "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 4,
+        "vocab_size": 100, "max_position_embeddings": 128, "use_sliding_window": True, "sliding_window": 32,
+        "max_window_layers": 2,
+    })  # fmt: skip
+    assert [config.layer_window(i) for i in range(4)] == [None, None, 32, 32]  # as transformers' layer_types
+
+
 def test_longrope_table_equals_transformers() -> None:
     """Short factors below original_max_position_embeddings, long ones from there, each with
     transformers' attention factor: the cos/sin rows transformers computes for a sequence
