@@ -158,7 +158,7 @@ class ModelConfig:
             context_len=context_len,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", is_qwen2)),
-            qk_norm=arch.startswith("Qwen3") or arch.startswith("Gemma3"),
+            qk_norm=arch.startswith(("Qwen3", "Gemma3")),
             eos_ids=tuple(eos),
             bos_id=cfg.get("bos_token_id"),
             torch_dtype=top.get("torch_dtype") or top.get("dtype") or cfg.get("torch_dtype") or cfg.get("dtype"),

@@ -29,7 +29,7 @@ def _setup(seq_lens: list[int], extend_lens: list[int], gen: torch.Generator):  
         table[row] = (mine[pos // PAGE] * PAGE + pos % PAGE).int()
     starts = [sum(extend_lens[:i]) for i in range(len(extend_lens))]
     out_loc = torch.cat([table[r, s - e : s] for r, (s, e) in enumerate(zip(seq_lens, extend_lens))]).long()
-    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)
     batch = ForwardBatch(
         phase="decode" if all(e == 1 for e in extend_lens) else "extend",
         input_ids=torch.zeros(len(out_loc), dtype=torch.int64),
