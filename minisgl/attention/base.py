@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -15,6 +16,24 @@ class KVStore(NamedTuple):
     k_cache: torch.Tensor
     v_cache: torch.Tensor
     out_loc: torch.Tensor
+
+
+@dataclass(frozen=True)
+class AttnLayerSpec:
+    """How one layer attends beyond plain causal softmax: a sliding window (each query sees the
+    last `sliding_window` positions, itself included, as Hugging Face masks it) and a tanh
+    soft-cap on the scores (`cap * tanh(scores / cap)` before softmax, Gemma 2)."""
+
+    sliding_window: int | None = None
+    logit_cap: float | None = None
+
+    def __post_init__(self) -> None:
+        assert self.sliding_window is None or self.sliding_window > 0, self.sliding_window
+        assert self.logit_cap is None or self.logit_cap > 0, self.logit_cap
+
+    @property
+    def is_plain(self) -> bool:
+        return self.sliding_window is None and self.logit_cap is None
 
 
 class BaseAttnBackend(ABC):
@@ -39,6 +58,15 @@ class BaseAttnBackend(ABC):
         q: [T, Hq, D]. Returns [T, Hq, D]. Causal: new token j of a request with prefix length p
         sees positions <= p + j.
         """
+
+    def configure_layer(self, layer_id: int, spec: AttnLayerSpec) -> None:
+        """Set how `layer_id` attends (called once per layer when the model is bound). A backend
+        that cannot run a non-plain spec refuses it here, at engine start."""
+        if not spec.is_plain:
+            raise ValueError(
+                f"the {type(self).__name__} attention backend does not implement sliding-window or "
+                f"soft-capped attention ({spec}); run this model with --attn torch"
+            )
 
     def warmup(self, token_table: torch.Tensor, row: int) -> None:
         """Compile, at engine start, kernel variants that eager steps could otherwise first need in

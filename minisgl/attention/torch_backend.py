@@ -5,32 +5,92 @@ does the same on CPU (one query per request, grouped by KV head, no mask): cheap
 batched call over KV gathered into a padded [B, L] block (12 vs 27 ms per layer for 32 requests of
 64-640 tokens, measured on the 2-core machine), which is what it does on CUDA, where
 one launch beats 32.
+
+Per layer (`configure_layer`), a sliding window gathers only the keys some query of the step can
+still see (the last `window` positions before it, itself included) and masks the rest; a logit
+soft-cap (Gemma 2) runs the scores through `cap * tanh(s / cap)` before softmax, which SDPA cannot
+do, so those layers take an explicit matmul-softmax-matmul in Hugging Face's order of operations.
+Pages that slid out of a window stay in the pool (the prefix cache may share them, and global
+layers of the same model read them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from minisgl.attention.base import BaseAttnBackend
+from minisgl.attention.base import AttnLayerSpec, BaseAttnBackend
 from minisgl.attention.batch import ForwardBatch
 from minisgl.kernels import cpu_attention
 from minisgl.kvcache.pool import KVPool
 
+_PLAIN = AttnLayerSpec()
+
+
+class RequestPlan(NamedTuple):
+    """One request of an extend (or CPU decode) step under one window: its first token in T, its
+    new tokens, the slots of the keys it reads, the mask over them (True = attend; None: all, or
+    plain causal) and whether SDPA's own causal path applies."""
+
+    start: int
+    ext_len: int
+    slots: torch.Tensor
+    mask: torch.Tensor | None
+    causal: bool
+
 
 @dataclass
 class TorchAttnMeta:
-    # decode: slots [B, L] (padding points at the scratch slot), mask [B, 1, 1, L] (True = attend)
+    batch: ForwardBatch
+    # decode on CUDA: slots [B, L] (padding points at the scratch slot), mask [B, 1, 1, L] (True = attend)
     slots: torch.Tensor | None = None
     mask: torch.Tensor | None = None
-    # extend: per request (token start, new tokens, slots of its whole KV, offset causal mask or
-    # None, plain causal). A request with no cached prefix is plain causal (SDPA's own, faster
-    # path on CPU); one with a prefix needs the offset mask; one new token sees everything.
-    extend: list[tuple[int, int, torch.Tensor, torch.Tensor | None, bool]] | None = None
+    # per-request plans by sliding window (None: global), built on first use by a layer
+    plans: dict[int | None, list[RequestPlan]] = field(default_factory=dict)
+    # CUDA decode masks narrowed to a window, by window
+    window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
     # decode through the C++ CPU kernel (bf16 on CPU): the batch's rows and sequence lengths
     kernel: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def plan_requests(batch: ForwardBatch, window: int | None) -> list[RequestPlan]:
+    """Each request's keys and mask for a layer with this sliding window (None: global)."""
+    table = batch.token_table
+    plans, start = [], 0
+    for row, seq_len, ext_len in zip(batch.rows.tolist(), batch.seq_lens_cpu, batch.extend_lens_cpu):
+        prefix = seq_len - ext_len
+        # The first query (position `prefix`) sees keys > prefix - window: nothing before is read.
+        first = 0 if window is None else max(0, prefix - window + 1)
+        slots = table[row, first:seq_len].long()
+        causal = ext_len > 1 and prefix == 0 and (window is None or ext_len <= window)
+        mask = None
+        if ext_len > 1 and not causal:
+            q_pos = torch.arange(prefix, seq_len, device=table.device).unsqueeze(1)
+            k_pos = torch.arange(first, seq_len, device=table.device).unsqueeze(0)
+            mask = k_pos <= q_pos  # [ext, keys]
+            if window is not None:
+                mask &= k_pos > q_pos - window
+        plans.append(RequestPlan(start, ext_len, slots, mask, causal))
+        start += ext_len
+    return plans
+
+
+def capped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool, scale: float, cap: float
+) -> torch.Tensor:
+    """softmax(cap * tanh(q k^T * scale / cap) + mask) v over the last two dims (Gemma 2's eager
+    attention, step for step; softmax in fp32)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / cap) * cap
+    if causal:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v)
 
 
 class TorchAttnBackend(BaseAttnBackend):
@@ -41,40 +101,38 @@ class TorchAttnBackend(BaseAttnBackend):
         self.group = num_heads // num_kv_heads
         self.head_dim = head_dim
         self.sm_scale = sm_scale
+        self.specs: dict[int, AttnLayerSpec] = {}
         # bf16 decode on CPU: one C++ call per layer (kernels/cpu_attention.py), built here at
         # engine start; fp32 keeps the per-request SDPA path (the exact-parity mode).
         self.cpu_kernel = False
         if pool.k[0].device.type == "cpu" and pool.dtype == torch.bfloat16:
             self.cpu_kernel = cpu_attention.load() is not None
 
+    def configure_layer(self, layer_id: int, spec: AttnLayerSpec) -> None:
+        if not spec.is_plain:
+            self.specs[layer_id] = spec
+
     def prepare(self, batch: ForwardBatch) -> None:
-        meta = TorchAttnMeta()
+        meta = TorchAttnMeta(batch)
         table = batch.token_table
         if batch.phase == "decode" and self.cpu_kernel:
             meta.kernel = (batch.rows, batch.seq_lens)
         elif batch.phase == "decode" and table.device.type != "cpu":
-            max_len = batch.max_seq_len
-            positions = torch.arange(max_len, device=table.device)
-            valid = positions.unsqueeze(0) < batch.seq_lens.unsqueeze(1)  # [B, L]
-            slots = table[batch.rows, :max_len].long()
-            meta.slots = torch.where(valid, slots, self.pool.scratch_slot)
-            meta.mask = valid[:, None, None, :]
+            self.pad_decode(meta)
         else:
-            meta.extend = []
-            start = 0
-            for row, seq_len, ext_len in zip(batch.rows.tolist(), batch.seq_lens_cpu, batch.extend_lens_cpu):
-                slots = table[row, :seq_len].long()
-                prefix = seq_len - ext_len
-                causal = ext_len > 1 and prefix == 0
-                if ext_len == 1 or causal:
-                    mask = None
-                else:
-                    q_pos = torch.arange(prefix, seq_len, device=table.device).unsqueeze(1)
-                    k_pos = torch.arange(seq_len, device=table.device).unsqueeze(0)
-                    mask = k_pos <= q_pos  # [ext, seq]
-                meta.extend.append((start, ext_len, slots, mask, causal))
-                start += ext_len
+            meta.plans[None] = plan_requests(batch, None)
         batch.attn_meta = meta
+
+    def pad_decode(self, meta: TorchAttnMeta) -> None:
+        """Decode as one batched call (CUDA's path): every request's KV gathered into [B, L],
+        padding masked out and pointed at the scratch slot."""
+        batch, table = meta.batch, meta.batch.token_table
+        max_len = batch.max_seq_len
+        positions = torch.arange(max_len, device=table.device)
+        valid = positions.unsqueeze(0) < batch.seq_lens.unsqueeze(1)  # [B, L]
+        slots = table[batch.rows, :max_len].long()
+        meta.slots = torch.where(valid, slots, self.pool.scratch_slot)
+        meta.mask = valid[:, None, None, :]
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer_id: int, batch: ForwardBatch
@@ -82,16 +140,25 @@ class TorchAttnBackend(BaseAttnBackend):
         assert k is not None and v is not None, "this backend offers no kv_store: it stores k/v itself"
         self.pool.store(layer_id, batch.out_loc, k, v)
         meta: TorchAttnMeta = batch.attn_meta
+        spec = self.specs.get(layer_id, _PLAIN)
         k_cache, v_cache = self.pool.k[layer_id], self.pool.v[layer_id]
-        if meta.kernel is not None:
+        if meta.kernel is not None and spec.is_plain:
             rows, seq_lens = meta.kernel
             q = q.view(-1, self.num_heads, self.head_dim)
             return cpu_attention.decode_attention(q, k_cache, v_cache, batch.token_table, rows, seq_lens, self.sm_scale)
         if meta.slots is not None:
-            return self._decode(q, k_cache, v_cache, meta)
+            return self._decode(q, k_cache, v_cache, meta, spec)
+        window = spec.sliding_window
+        plans = meta.plans.get(window)
+        if plans is None:
+            plans = meta.plans[window] = plan_requests(batch, window)
+        return self._extend(q, k_cache, v_cache, plans, spec.logit_cap)
+
+    def _extend(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plans: list[RequestPlan], cap: float | None
+    ) -> torch.Tensor:
         out = torch.empty_like(q)
-        assert meta.extend is not None
-        for start, ext_len, slots, mask, causal in meta.extend:
+        for start, ext_len, slots, mask, causal in plans:
             ki = k_cache.index_select(0, slots).transpose(0, 1)  # [Hkv, S, D]
             vi = v_cache.index_select(0, slots).transpose(0, 1)
             if ext_len == 1:
@@ -99,20 +166,28 @@ class TorchAttnBackend(BaseAttnBackend):
                 # 4-D inputs: CPU SDPA takes its flash path (3-D ones fall back to the slower
                 # math path, ~2.4x the time for one query in bf16).
                 qi = q[start].view(1, self.num_kv_heads, self.group, self.head_dim)
-                oi = F.scaled_dot_product_attention(qi, ki[None], vi[None], scale=self.sm_scale)
+                if cap is None:
+                    oi = F.scaled_dot_product_attention(qi, ki[None], vi[None], scale=self.sm_scale)
+                else:
+                    oi = capped_attention(qi, ki[None], vi[None], None, False, self.sm_scale, cap)
                 out[start] = oi.reshape(self.num_heads, self.head_dim)
                 continue
             qi = q[start : start + ext_len].transpose(0, 1)  # [Hq, ext, D]
             if self.group > 1:
                 ki = ki.repeat_interleave(self.group, dim=0)
                 vi = vi.repeat_interleave(self.group, dim=0)
-            oi = F.scaled_dot_product_attention(
-                qi[None], ki[None], vi[None], attn_mask=mask, is_causal=causal, scale=self.sm_scale
-            )[0]
+            if cap is None:
+                oi = F.scaled_dot_product_attention(
+                    qi[None], ki[None], vi[None], attn_mask=mask, is_causal=causal, scale=self.sm_scale
+                )[0]
+            else:
+                oi = capped_attention(qi, ki, vi, mask, causal, self.sm_scale, cap)
             out[start : start + ext_len] = oi.transpose(0, 1)
         return out
 
-    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: TorchAttnMeta) -> torch.Tensor:
+    def _decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: TorchAttnMeta, spec: AttnLayerSpec
+    ) -> torch.Tensor:
         assert meta.slots is not None and meta.mask is not None
         bsz = q.shape[0]
         # index_select, not k_cache[slots]: on CPU, advanced indexing of a large pool with a 2-D
@@ -121,9 +196,21 @@ class TorchAttnBackend(BaseAttnBackend):
         shape = (*meta.slots.shape, *k_cache.shape[1:])
         k = k_cache.index_select(0, flat).view(shape)  # [B, L, Hkv, D]
         v = v_cache.index_select(0, flat).view(shape)
+        mask = meta.mask
+        window = spec.sliding_window
+        if window is not None:
+            mask = meta.window_masks.get(window)
+            if mask is None:
+                positions = torch.arange(meta.slots.shape[1], device=meta.slots.device)
+                first = (meta.batch.seq_lens.long() - window).unsqueeze(1)  # [B, 1]
+                mask = meta.mask & (positions.unsqueeze(0) >= first)[:, None, None, :]
+                meta.window_masks[window] = mask
         # Group query heads by their KV head: [B, Hkv, G, D] against [B, Hkv, L, D].
         qg = q.view(bsz, self.num_kv_heads, self.group, self.head_dim)
-        out = F.scaled_dot_product_attention(
-            qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=meta.mask, scale=self.sm_scale
-        )
+        if spec.logit_cap is not None:
+            out = capped_attention(qg, k.transpose(1, 2), v.transpose(1, 2), mask, False, self.sm_scale, spec.logit_cap)
+        else:
+            out = F.scaled_dot_product_attention(
+                qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=self.sm_scale
+            )
         return out.reshape(bsz, self.num_heads, self.head_dim)

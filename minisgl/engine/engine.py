@@ -27,6 +27,7 @@ from minisgl.utils.transfer import StagingRing, upload, upload_many
 from minisgl.env import ENV
 from minisgl.kernels.impl import resolve_impl
 from minisgl.kvcache.pool import KVPool
+from minisgl.layers.attention import AttentionLayer
 from minisgl.models.config import ModelConfig
 from minisgl.platform import init_platform
 from minisgl.utils.logging import get_logger
@@ -190,12 +191,12 @@ class Engine:
         num_heads = self.model_config.num_heads // tp.size
         num_kv_heads = max(1, self.model_config.num_kv_heads // tp.size)
         self.attn_backend = ATTN_BACKENDS.get(attn_name)(
-            self.pool, num_heads, num_kv_heads, self.model_config.head_dim, self.model_config.head_dim**-0.5
+            self.pool, num_heads, num_kv_heads, self.model_config.head_dim, self.model_config.softmax_scale
         )
         self.attn_name = attn_name
         for module in self.model.modules():
-            if hasattr(module, "backend") and hasattr(module, "layer_id"):
-                module.backend = self.attn_backend
+            if isinstance(module, AttentionLayer):  # each layer tells the backend its window / soft-cap
+                module.bind(self.attn_backend)
         # Fewer kernels per layer where the Triton kernels finish the RMSNorms (models/llama.py).
         fold = getattr(self.model, "fold_norms", None)
         if ENV.fold_norms and attn_name == "triton" and fold is not None and fold():

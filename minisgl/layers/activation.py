@@ -43,3 +43,27 @@ class SiluAndMul(nn.Module):
         if row_norm is None:
             return self._fn(x)
         return self._row_norm_fn(x, *row_norm)
+
+
+class GeluAndMul(nn.Module):
+    """gelu(gate) * up for x = [gate | up] (GeGLU: Gemma's MLP); `approximate` "tanh" is
+    transformers' gelu_pytorch_tanh, "none" the exact erf GELU. Plain torch on every device."""
+
+    def __init__(self, approximate: str = "tanh") -> None:
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return torch.nn.functional.gelu(gate, approximate=self.approximate) * up
+
+
+def make_act_and_mul(hidden_act: str) -> nn.Module:
+    """The gated activation a config's `hidden_act` / `hidden_activation` names."""
+    if hidden_act == "silu":
+        return SiluAndMul()
+    if hidden_act == "gelu_pytorch_tanh":
+        return GeluAndMul("tanh")
+    if hidden_act == "gelu":
+        return GeluAndMul("none")
+    raise ValueError(f"unsupported hidden activation {hidden_act!r} (supported: silu, gelu, gelu_pytorch_tanh)")

@@ -34,11 +34,44 @@ def _inv_freq(head_dim: int, base: float, scaling: dict[str, Any] | None) -> tup
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return torch.where(medium, smoothed, scaled), 1.0
-    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3)")
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3, longrope)")
+
+
+def _angles(rotary_dim: int, max_positions: int, base: float, scaling: dict[str, Any] | None) -> tuple[torch.Tensor, float]:
+    """The rotation angles [max_positions, rotary_dim / 2] (fp32) and the cos/sin factor.
+
+    LongRoPE (Phi-3): positions below `original_max_position_embeddings` use the short factors,
+    later ones the long factors; Hugging Face switches on the whole sequence's length instead,
+    which is the same thing for a prompt within the original length (decode past it turns long
+    at the same position) and differs only for prompts longer than it, where transformers rotates
+    every position, cached ones included, with the long factors: a per-position table keeps the
+    KV cache (and prefix sharing) valid."""
+    positions = torch.arange(max_positions, dtype=torch.int64).float()
+    kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
+    if kind != "longrope":
+        inv_freq, attn_factor = _inv_freq(rotary_dim, base, scaling)
+        return torch.outer(positions, inv_freq), attn_factor
+    assert scaling is not None
+    original = int(scaling["original_max_position_embeddings"])
+    factor = float(scaling["factor"])
+    attn_factor = scaling.get("attention_factor")
+    if attn_factor is None:
+        attn_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    shape = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    tables = []
+    for key in ("short_factor", "long_factor"):
+        ext = torch.tensor(scaling[key], dtype=torch.float32)
+        if ext.numel() != rotary_dim // 2:
+            raise ValueError(f"longrope {key} has {ext.numel()} entries, rotary dim {rotary_dim} needs {rotary_dim // 2}")
+        tables.append(torch.outer(positions, 1.0 / (ext * base**shape)))
+    short, long = tables
+    return torch.where((positions < original).unsqueeze(1), short, long), float(attn_factor)
 
 
 class RotaryEmbedding(nn.Module):
-    """Neox-style rotary embedding (rotate halves) with a cos/sin table indexed by position.
+    """Neox-style rotary embedding (rotate halves) with a cos/sin table indexed by position;
+    with `rotary_dim` < head_dim (partial rotary, Phi-4-mini) only the first `rotary_dim` dims of
+    each head rotate, through the plain-torch reference.
 
     The implementation is chosen once here from the table's device (`kernels.impl`): one Triton
     launch for q and k on CUDA (fused with Qwen3's q/k norms in `forward_qk_norm`), a C++ kernel
@@ -51,17 +84,19 @@ class RotaryEmbedding(nn.Module):
         base: float,
         scaling: dict[str, Any] | None,
         impl: KernelImpl = "auto",
+        rotary_dim: int | None = None,
     ) -> None:
         super().__init__()
-        inv_freq, attn_factor = _inv_freq(head_dim, base, scaling)
-        positions = torch.arange(max_positions, dtype=torch.int64).float()
-        freqs = torch.outer(positions, inv_freq)
+        self.rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        self.partial = self.rotary_dim < head_dim
+        assert self.rotary_dim % 2 == 0 and 0 < self.rotary_dim <= head_dim, (self.rotary_dim, head_dim)
+        freqs, attn_factor = _angles(self.rotary_dim, max_positions, base, scaling)
         # The table stays fp32 (a buffer, not a parameter) and is cast at use.
         self.cos: torch.Tensor
         self.sin: torch.Tensor
         self.register_buffer("cos", freqs.cos() * attn_factor, persistent=False)
         self.register_buffer("sin", freqs.sin() * attn_factor, persistent=False)
-        self.impl = resolve_impl(impl, self.cos.device)
+        self.impl = resolve_impl(impl, self.cos.device) if not self.partial else "torch"
         self._rotary: RotaryFn = rotary_ref
         self._qk_norm_rotary: RotaryFn = qk_norm_rotary_ref
         self._rotary_store_kv: Callable[..., torch.Tensor] | None = None
@@ -78,12 +113,18 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, Hq, D], k: [T, Hk, D] (views of a fused qkv buffer are fine) -> new tensors."""
+        if self.partial:
+            dim = self.rotary_dim
+            q_rot, k_rot = self._rotary(positions, q[..., :dim], k[..., :dim], self.cos, self.sin)
+            return torch.cat([q_rot, q[..., dim:]], dim=-1), torch.cat([k_rot, k[..., dim:]], dim=-1)
         return self._rotary(positions, q, k, self.cos, self.sin)
 
     def forward_qk_norm(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward(positions, q_norm(q), k_norm(k))` (Qwen3's per-head norms), one launch on CUDA."""
+        if self.partial:
+            return self.forward(positions, q_norm(q), k_norm(k))
         return self._qk_norm_rotary(
             positions, q, k, self.cos, self.sin, q_norm.weight, k_norm.weight, q_norm.eps, k_norm.eps
         )
@@ -91,7 +132,7 @@ class RotaryEmbedding(nn.Module):
     @property
     def stores_kv(self) -> bool:
         """Whether `forward_store` is one fused kernel (Triton); elsewhere it is not offered."""
-        return self._rotary_store_kv is not None
+        return self._rotary_store_kv is not None and not self.partial
 
     def forward_store(
         self,

@@ -7,13 +7,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from minisgl.models.config_families import family_config, family_fields, parse_rope
+
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration",
+    "Phi3ForCausalLM",
+    "GraniteForCausalLM",
+    "Olmo2ForCausalLM",
 )
+# Families whose `sliding_window` applies unless `use_sliding_window` says otherwise.
+_WINDOWED_BY_DEFAULT = (
+    "MistralForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -45,7 +57,20 @@ class ModelConfig:
     # (i + 1) is not a multiple of `decoder_sparse_step` (Qwen3-MoE); the others use a dense MLP.
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    # Sliding-window attention: the window, and which layers use it ("sliding_attention" /
+    # "full_attention" per layer, as transformers' `layer_types`; empty: every layer).
     sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
+    # Family knobs (Gemma, Phi-3, Granite); defaults are the Llama block's.
+    attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    rope_local_theta: float | None = None  # Gemma 3: the sliding layers' rope base (no scaling)
+    partial_rotary_factor: float = 1.0
+    hidden_act: str = "silu"
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
 
     @property
     def is_moe(self) -> bool:
@@ -55,12 +80,33 @@ class ModelConfig:
         step = max(1, self.decoder_sparse_step)
         return self.is_moe and layer_id not in self.mlp_only_layers and (layer_id + 1) % step == 0
 
+    @property
+    def softmax_scale(self) -> float:
+        return self.attn_scale if self.attn_scale is not None else self.head_dim**-0.5
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def layer_window(self, layer_id: int) -> int | None:
+        """The sliding window of layer `layer_id`, or None for a global layer."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types and self.layer_types[layer_id] != "sliding_attention":
+            return None
+        return self.sliding_window
+
+    def layer_rope(self, layer_id: int) -> tuple[float, dict[str, Any] | None]:
+        """(rope base, rope scaling) of layer `layer_id`: Gemma 3's sliding layers have their own."""
+        local = bool(self.layer_types) and self.layer_types[layer_id] == "sliding_attention"
+        if self.rope_local_theta is not None and local:
+            return self.rope_local_theta, None
+        return self.rope_theta, self.rope_scaling
+
     def serving_context_len(self, max_model_len: int | None = None) -> int:
-        """The context the engine serves: sliding-window attention is not implemented, so the
-        window (when smaller) caps it, keeping results exact; `max_model_len` caps it further."""
+        """The context the engine serves: the model's, capped by `max_model_len`. (A sliding
+        window no longer caps it: the attention backends mask by window.)"""
         limit = self.context_len
-        if self.sliding_window is not None:
-            limit = min(limit, self.sliding_window)
         if max_model_len is not None:
             limit = min(limit, max_model_len)
         return limit
@@ -74,48 +120,48 @@ class ModelConfig:
                 f"unsupported architecture {arch or cfg.get('model_type')!r}; minisgl supports "
                 + ", ".join(SUPPORTED_ARCHITECTURES)
             )
+        top = cfg
+        cfg = family_config(arch, cfg)
         num_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         head_dim = cfg.get("head_dim") or hidden // num_heads
         eos: list[int] = []
-        for source in (generation or {}, cfg):
+        for source in (generation or {}, top, cfg):
             value = source.get("eos_token_id")
             if value is None:
                 continue
             for tok in value if isinstance(value, list) else [value]:
                 if int(tok) not in eos:
                     eos.append(int(tok))
-        rope_scaling = cfg.get("rope_scaling")
-        rope_theta = cfg.get("rope_theta")
-        # transformers 5 may fold rope_theta into rope_parameters
-        params = cfg.get("rope_parameters")
-        if isinstance(params, dict):
-            rope_theta = rope_theta or params.get("rope_theta")
-            if params.get("rope_type", "default") != "default" and rope_scaling is None:
-                rope_scaling = params
-        if isinstance(rope_scaling, dict) and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
-            rope_scaling = None
+        rope = parse_rope(arch, cfg)
         is_qwen2 = arch == "Qwen2ForCausalLM"
-        sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", arch == "MistralForCausalLM") else None
+        context_len = int(cfg.get("max_position_embeddings", 4096))
+        sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", arch in _WINDOWED_BY_DEFAULT) else None
+        if sliding is not None and int(sliding) >= context_len:
+            sliding = None  # a window past the context is global attention (Phi-4-mini's 262144)
+        num_layers = int(cfg["num_hidden_layers"])
+        layer_types = tuple(str(t) for t in cfg.get("layer_types") or ())
+        if layer_types and len(layer_types) != num_layers:
+            raise ValueError(f"layer_types lists {len(layer_types)} layers, the model has {num_layers}")
         return ModelConfig(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(cfg.get("intermediate_size", 0)),
-            num_layers=int(cfg["num_hidden_layers"]),
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
             head_dim=int(head_dim),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope_theta or 10000.0),
-            rope_scaling=rope_scaling,
-            context_len=int(cfg.get("max_position_embeddings", 4096)),
+            rope_theta=rope.theta,
+            rope_scaling=rope.scaling,
+            context_len=context_len,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", is_qwen2)),
-            qk_norm=arch.startswith("Qwen3"),
+            qk_norm=arch.startswith(("Qwen3", "Gemma3")),
             eos_ids=tuple(eos),
             bos_id=cfg.get("bos_token_id"),
-            torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
+            torch_dtype=top.get("torch_dtype") or top.get("dtype") or cfg.get("torch_dtype") or cfg.get("dtype"),
             # transformers 5 saves Qwen3-MoE's expert count as `num_local_experts`
             num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
             num_experts_per_tok=int(cfg.get("num_experts_per_tok", 0) or 0),
@@ -124,6 +170,10 @@ class ModelConfig:
             decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
             mlp_only_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
             sliding_window=int(sliding) if sliding else None,
+            layer_types=layer_types,
+            rope_local_theta=rope.local_theta,
+            partial_rotary_factor=rope.partial_rotary_factor,
+            **family_fields(arch, cfg),
         )
 
     @staticmethod

@@ -1,4 +1,5 @@
-"""Llama family decoder (SmolLM2, Llama 2/3.x). Qwen2, Qwen3 and Mistral reuse these blocks.
+"""Llama family decoder (SmolLM2, Llama 2/3.x). Qwen2, Qwen3, Mistral and the other families
+(Gemma, Phi-3, Granite, OLMo 2) reuse these blocks.
 
 Checkpoint names follow Hugging Face; `stacked_params` maps the separate q/k/v and gate/up
 checkpoint tensors onto the fused projections.
@@ -9,8 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minisgl.attention.base import AttnLayerSpec
 from minisgl.distributed import get_tp_info
-from minisgl.layers.activation import SiluAndMul
+from minisgl.layers.activation import make_act_and_mul
 from minisgl.layers.attention import AttentionLayer
 from minisgl.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minisgl.layers.linear import (
@@ -25,7 +27,11 @@ from minisgl.models.config import ModelConfig
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+    """q/k/v projection, optional per-head q/k norm (`norm_cls`: Qwen3's RMSNorm or Gemma 3's),
+    rotary with the layer's base and scaling, and attention with the layer's window and soft-cap
+    (all read from the config)."""
+
+    def __init__(self, config: ModelConfig, layer_id: int, norm_cls: type[nn.Module] = RMSNorm) -> None:
         super().__init__()
         self.head_dim = config.head_dim
         self.qkv_proj = QKVParallelLinear(
@@ -34,11 +40,15 @@ class SelfAttention(nn.Module):
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.o_proj = RowParallelLinear(config.num_heads * config.head_dim, config.hidden_size, bias=False)
-        self.rotary = RotaryEmbedding(config.head_dim, config.context_len, config.rope_theta, config.rope_scaling)
-        # Qwen3 normalises each head of q and k before rotary.
-        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        self.attn = AttentionLayer(layer_id, self.num_heads, self.num_kv_heads, config.head_dim)
+        theta, scaling = config.layer_rope(layer_id)
+        self.rotary = RotaryEmbedding(
+            config.head_dim, config.context_len, theta, scaling, rotary_dim=config.rotary_dim
+        )
+        # Qwen3 and Gemma 3 normalise each head of q and k before rotary.
+        self.q_norm = norm_cls(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = norm_cls(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        spec = AttnLayerSpec(config.layer_window(layer_id), config.attn_logit_softcap)
+        self.attn = AttentionLayer(layer_id, self.num_heads, self.num_kv_heads, config.head_dim, spec)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         return self.o_proj(self.attend(positions, hidden))
@@ -56,6 +66,9 @@ class SelfAttention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         norms = (self.q_norm, self.k_norm) if self.q_norm is not None and self.k_norm is not None else None
+        if norms is not None and not isinstance(norms[0], RMSNorm):  # Gemma 3's: not in the fused kernels
+            q, k = norms[0](q), norms[1](k)
+            norms = None
         store = self.attn.kv_store() if self.rotary.stores_kv else None
         if store is not None:  # one kernel for the q/k norms, rotary and the KV store
             return self.attn(self.rotary.forward_store(positions, q, k, v, store, norms, row_norm))
@@ -68,11 +81,11 @@ class SelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int, hidden_act: str = "silu") -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate, intermediate])
         self.down_proj = RowParallelLinear(intermediate, hidden)
-        self.act = SiluAndMul()
+        self.act = make_act_and_mul(hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
@@ -82,7 +95,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_id: int, mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.self_attn = SelfAttention(config, layer_id)
-        self.mlp = mlp if mlp is not None else MLP(config.hidden_size, config.intermediate_size)
+        self.mlp = mlp if mlp is not None else MLP(config.hidden_size, config.intermediate_size, config.hidden_act)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -94,7 +107,7 @@ class DecoderLayer(nn.Module):
             isinstance(mlp, MLP)
             and all(p.bias is None for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
             and attn.rotary.stores_kv
-            and mlp.act.impl == "triton"
+            and getattr(mlp.act, "impl", None) == "triton"
         )
 
     @torch.no_grad()
@@ -135,15 +148,38 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config: ModelConfig, layers: list[nn.Module]) -> None:
+    """Embedding, layers and final norm. Layers take and return (hidden, residual): the residual
+    stream is hidden + residual (hidden alone before the first layer), so the final norm adds
+    them. `norm` replaces the final RMSNorm (Gemma's); the embedding is multiplied by
+    `embed_multiplier` (Granite's), or by that scale cast to the model dtype first (Gemma's
+    sqrt(hidden), as transformers rounds it) with `embed_multiplier_in_dtype`."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        layers: list[nn.Module],
+        norm: nn.Module | None = None,
+        embed_multiplier: float = 1.0,
+        embed_multiplier_in_dtype: bool = False,
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = norm if norm is not None else RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.embed_multiplier = embed_multiplier
+        self.embed_multiplier_in_dtype = embed_multiplier_in_dtype
         self.norms_folded = False  # set by LlamaForCausalLM.fold_norms
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
+        if self.embed_multiplier_in_dtype:
+            return hidden * torch.tensor(self.embed_multiplier, dtype=hidden.dtype, device=hidden.device)
+        if self.embed_multiplier != 1.0:
+            return hidden * self.embed_multiplier
+        return hidden
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed(input_ids)
         if self.norms_folded:
             for layer in self.layers:
                 hidden = layer.forward_folded(positions, hidden)
@@ -169,13 +205,16 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.tp = get_tp_info()
-        self.model = DecoderModel(config, [self.make_layer(config, i) for i in range(config.num_layers)])
+        self.model = self.make_model(config, [self.make_layer(config, i) for i in range(config.num_layers)])
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def make_layer(self, config: ModelConfig, layer_id: int) -> nn.Module:
         return DecoderLayer(config, layer_id)
+
+    def make_model(self, config: ModelConfig, layers: list[nn.Module]) -> DecoderModel:
+        return DecoderModel(config, layers)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states of every input token: [T, hidden]."""
@@ -195,4 +234,12 @@ class LlamaForCausalLM(nn.Module):
         return True
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head.logits(hidden)
+        """Logits over the vocabulary; divided by Granite's `logits_scaling`, soft-capped by
+        Gemma 2's `final_logit_softcap` (cap * tanh(logits / cap))."""
+        logits = self.lm_head.logits(hidden)
+        if self.config.logits_scaling != 1.0:
+            logits = logits / self.config.logits_scaling
+        cap = self.config.final_logit_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits

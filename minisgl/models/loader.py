@@ -77,7 +77,14 @@ def _takes_lazy(param: nn.Parameter) -> bool:
 
 
 def _target(model: nn.Module, name: str) -> tuple[str, str | int | None] | None:
-    """Map a checkpoint name to (parameter name, fused part) or None to skip it."""
+    """Map a checkpoint name to (parameter name, fused part) or None to skip it. A model may
+    rename or skip checkpoint tensors first (`checkpoint_name`: Gemma 3's multimodal layout)."""
+    rename = getattr(model, "checkpoint_name", None)
+    if rename is not None:
+        renamed = rename(name)
+        if renamed is None:
+            return None
+        name = renamed
     if "rotary_emb.inv_freq" in name:
         return None
     if name == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False):
@@ -112,6 +119,14 @@ def load_weights(model: nn.Module, model_dir: Path, show_progress: bool = True) 
                 continue
             raise ValueError(f"checkpoint tensor {name!r} has no matching parameter in {type(model).__name__}")
         loader = getattr(param, "weight_loader", None)
+        parts = _fused_parts(model, param_name) if part is None else None
+        if parts is not None and loader is not None:
+            # A projection fused in the checkpoint (Phi-3's qkv_proj): each part through the
+            # fused layer's loader, which takes this rank's slice of it.
+            full = tensor.materialize() if isinstance(tensor, LazyTensor) else tensor
+            _load_fused(loader, param, full, parts, name)
+            loaded.update(f"{param_name}:{p}" for p, _ in parts)
+            continue
         with torch.no_grad():
             if loader is None:
                 if param.shape != tensor.shape:
@@ -125,6 +140,24 @@ def load_weights(model: nn.Module, model_dir: Path, show_progress: bool = True) 
     missing = _missing(model, loaded)
     if missing:
         raise ValueError(f"checkpoint in {model_dir} lacks weights for: {', '.join(sorted(missing)[:8])}")
+
+
+def _fused_parts(model: nn.Module, param_name: str) -> list[tuple[str | int, int]] | None:
+    fused: dict[str, list[tuple[str | int, int]]] = getattr(model, "fused_params", {})
+    for suffix, parts in fused.items():
+        if f".{suffix}." in param_name:
+            return parts
+    return None
+
+
+def _load_fused(loader, param: nn.Parameter, full: torch.Tensor, parts: list[tuple[str | int, int]], name: str) -> None:  # type: ignore[no-untyped-def]
+    if full.shape[0] != sum(size for _, size in parts):
+        raise ValueError(f"{name}: {full.shape[0]} rows, the config's parts add up to {sum(s for _, s in parts)}")
+    offset = 0
+    with torch.no_grad():
+        for part, size in parts:
+            loader(param, full.narrow(0, offset, size), part)
+            offset += size
 
 
 def _missing(model: nn.Module, loaded: set[str]) -> set[str]:

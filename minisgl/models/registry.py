@@ -1,31 +1,33 @@
 from __future__ import annotations
 
+import importlib
+
 from torch import nn
 
-from minisgl.models.config import ModelConfig
+from minisgl.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
+
+# architecture -> the module under minisgl.models that defines it (imported only when used)
+_MODULES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",
+    "Phi3ForCausalLM": "phi3",
+    "GraniteForCausalLM": "granite",
+    "Olmo2ForCausalLM": "olmo2",
+}
+assert set(_MODULES) == set(SUPPORTED_ARCHITECTURES), "every supported architecture needs its module"
 
 
 def build_model(config: ModelConfig) -> nn.Module:
     """Instantiate the architecture named by the config (imports only the family needed)."""
     arch = config.architecture
-    if arch == "LlamaForCausalLM":
-        from minisgl.models.llama import LlamaForCausalLM
-
-        return LlamaForCausalLM(config)
-    if arch == "MistralForCausalLM":
-        from minisgl.models.mistral import MistralForCausalLM
-
-        return MistralForCausalLM(config)
-    if arch == "Qwen2ForCausalLM":
-        from minisgl.models.qwen2 import Qwen2ForCausalLM
-
-        return Qwen2ForCausalLM(config)
-    if arch == "Qwen3ForCausalLM":
-        from minisgl.models.qwen3 import Qwen3ForCausalLM
-
-        return Qwen3ForCausalLM(config)
-    if arch == "Qwen3MoeForCausalLM":
-        from minisgl.models.qwen3_moe import Qwen3MoeForCausalLM
-
-        return Qwen3MoeForCausalLM(config)
-    raise ValueError(f"unsupported architecture {arch!r}")
+    module = _MODULES.get(arch)
+    if module is None:
+        raise ValueError(f"unsupported architecture {arch!r}; minisgl supports {', '.join(SUPPORTED_ARCHITECTURES)}")
+    cls = getattr(importlib.import_module(f"minisgl.models.{module}"), arch)
+    return cls(config)

@@ -1,7 +1,10 @@
 """Tensor parallelism over gloo, offline: every rank runs the real scheduler and engine on its
 shard; greedy token ids equal TP=1 token for token on tiny random Llama (tied embeddings, llama3
-rope scaling) and Qwen3 (q/k norms, head_dim != hidden / heads) split over 2 ranks, and on Llama
-split over 4 ranks, where its 2 key/value heads are replicated (two ranks share each). With two
+rope scaling), Qwen3 (q/k norms, head_dim != hidden / heads), Gemma 3 (sliding-window layers,
+Gemma norms, GeGLU) and Phi-3 (fused qkv / gate_up checkpoint tensors split per rank, partial
+rotary, LongRoPE) split over 2 ranks, and on Llama and OLMo 2 (q/k norms over the whole
+projection: a sum of squares all-reduced across ranks) split over 4 ranks, where their 2
+key/value heads are replicated (two ranks share each). With two
 CUDA devices, the same check over NCCL in fp32 (rank r on GPU r, CUDA graphs on)."""
 
 from __future__ import annotations
@@ -87,7 +90,9 @@ def _run_tp(model_dir: Path, size: int, device: str = "cpu") -> dict[int, tuple[
     return got
 
 
-@pytest.mark.parametrize("arch, size", [("llama", 2), ("qwen3", 2), ("llama", 4)])
+@pytest.mark.parametrize(
+    "arch, size", [("llama", 2), ("qwen3", 2), ("gemma3", 2), ("phi3", 2), ("llama", 4), ("olmo2", 4)]
+)
 def test_tp_greedy_equals_tp1(tmp_path: Path, arch: str, size: int) -> None:
     make_tiny_model(arch, tmp_path)
     reference = LLM(engine_config=_engine_config(str(tmp_path)))
