@@ -12,8 +12,8 @@ class SchedulerConfig:
     cache: Literal["radix", "naive"] = "radix"
     # Pages kept back per running request for decode growth when admitting new requests.
     decode_reserve_tokens: int = 64
-    # Plan step N+1 while step N runs. None: on where the device is asynchronous (CUDA) unless
-    # MINISGL_DISABLE_OVERLAP=1. Forcing it on CPU exercises the same code path in tests.
+    # Plan step N+1 while step N runs (--overlap-schedule / --no-overlap-schedule). None: on where
+    # the device is asynchronous (CUDA). Forcing it on CPU exercises the same code path in tests.
     overlap: bool | None = None
     # A request whose prompt shares whole pages with a resident request still computing them
     # waits for them to reach the prefix cache instead of computing them again (n > 1 samples).

@@ -16,7 +16,6 @@ from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import Engine, LaunchedStep, LogprobEntry, StepPlan
 from minisgl.engine.grammar import GrammarBackend, GrammarState, grammar_key
 from minisgl.engine.penalties import uses_penalties
-from minisgl.env import ENV
 from minisgl.kvcache import PageAllocator, create_prefix_cache
 from minisgl.kvcache.prefix_cache import MatchResult
 from minisgl.message.frontend import SchedulerStats
@@ -93,7 +92,7 @@ class Scheduler:
         self.num_retractions = 0
         # Overlap pays only where the device runs asynchronously to the host.
         overlap = sched_config.overlap
-        self.overlap = engine.platform.name == "cuda" and not ENV.disable_overlap if overlap is None else overlap
+        self.overlap = engine.platform.name == "cuda" if overlap is None else overlap
         self._inflight: InFlight | None = None
         # Per-request state beyond `Req` (by rid): structured-output matchers, prompt logprobs
         # gathered until the first output token, requests wanting logprobs, and requests whose
