@@ -129,7 +129,8 @@ def _tuned() -> dict[tuple[str, int, int], list[tuple[int, GemmConfig]]]:
     tables: dict[tuple[str, int, int], list[tuple[int, GemmConfig]]] = {}
     for table in load_table("splitk_gemm")["tables"]:
         launches = [
-            (e["max_rows"], GemmConfig(e["block_m"], e["block_n"], e["block_k"], e["split_k"], e["num_warps"], e["num_stages"]))
+            (e["max_rows"], GemmConfig(e["block_m"], e["block_n"], e["block_k"], e["split_k"], e["num_warps"],
+                                       e["num_stages"]))
             for e in table["launches"]
         ]
         tables[(table["device"], table["n"], table["k"])] = launches

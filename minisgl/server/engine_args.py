@@ -97,7 +97,8 @@ def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -
     d.add_argument("--cuda-graph-max-bs", type=int, default=defaults.cuda_graph_max_bs,
                    help="largest batch captured in a CUDA graph; 0 off")  # fmt: skip
     k = parser.add_argument_group("KV cache and scheduling")
-    k.add_argument("--page-size", type=positive_int, default=defaults.page_size, help="tokens per KV page (default: 16)")
+    k.add_argument("--page-size", type=positive_int, default=defaults.page_size,
+                   help="tokens per KV page (default: 16)")  # fmt: skip
     size = k.add_mutually_exclusive_group()
     size.add_argument("--num-pages", type=positive_int, default=None, help="KV pool size in pages")
     size.add_argument("--kv-cache-gb", type=positive_float, default=None, help="KV pool size in GiB")
@@ -121,7 +122,8 @@ def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -
     kernels = KernelConfig()
     for name, text in KERNEL_SWITCHES.items():
         default = getattr(kernels, name)
-        s.add_argument(flag(name), action=boolean, default=default, help=f"{text} (default: {'on' if default else 'off'})")
+        s.add_argument(flag(name), action=boolean, default=default,
+                       help=f"{text} (default: {'on' if default else 'off'})")  # fmt: skip
     return EngineArgGroups(m, d, k, s)
 
 

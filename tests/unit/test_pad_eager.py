@@ -40,7 +40,8 @@ def test_pad_eager_default_is_the_platforms() -> None:
     assert resolve(EngineConfig(device="cpu", pad_eager=True), cpu).pad_eager is True
 
 
-def _generate(path, attn: str, pad: bool, monkeypatch, token_counts: list | None = None, device: str = "cpu") -> list[dict]:
+def _generate(path, attn: str, pad: bool, monkeypatch, token_counts: list | None = None,
+              device: str = "cpu") -> list[dict]:  # fmt: skip
     llm = LLM(engine_config=EngineConfig(model=str(path), device=device, attn=attn, page_size=4, num_pages=256,
                                          pad_eager=pad),
               scheduler_config=SchedulerConfig(max_prefill_tokens=40))  # fmt: skip

@@ -18,8 +18,8 @@ def _graph_tuned() -> dict[TunedKey, dict[int, DecodeLaunch]]:
     for table in load_table("decode_attention")["tables"]:
         key = (table["device"], table["num_kv_heads"], table["num_heads"], table["head_dim"])
         tables[key] = {
-            entry["batch_size"]: DecodeLaunch(entry["num_splits"], entry["block_n"], entry["num_warps"], entry["num_stages"])
-            for entry in table["launches"]
+            e["batch_size"]: DecodeLaunch(e["num_splits"], e["block_n"], e["num_warps"], e["num_stages"])
+            for e in table["launches"]
         }
     return tables
 
