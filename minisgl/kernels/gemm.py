@@ -180,7 +180,7 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def pays(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the kernel beats cuBLAS here, by the measured table (`TUNED`)."""
-    return supports(x, weight) and tuned_config(x.shape[0], *weight.shape, x.device) is not None
+    return supports(x, weight) and tuned_config(x.shape[0], weight.shape[0], weight.shape[1], x.device) is not None
 
 
 def splitk_gemm(

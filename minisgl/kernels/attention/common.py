@@ -53,11 +53,9 @@ def _attend_block(
     return acc, m_new, l_i
 
 
-
 def is_interpreted() -> bool:
     """True when the kernels were built for the CPU interpreter (TRITON_INTERPRET=1 at import)."""
     return type(_attend_block).__name__ == "InterpretedFunction"
-
 
 
 # The interpreter's tl.dot is a slow generic numpy matmul, so its cost is the padded block volume:

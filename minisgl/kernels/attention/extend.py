@@ -124,7 +124,6 @@ def _extend_kernel(
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
-
 class _ExtendConfig(NamedTuple):
     block_m: int
     block_n: int
@@ -157,7 +156,6 @@ def _extend_config(dtype: torch.dtype, head_dim: int, group: int = 1, max_seq_le
         short = max_seq_len is not None and max_seq_len <= _SHORT_EXTEND_SEQ
         return _ExtendConfig(64, 32, 4, 3, True) if short else _ExtendConfig(128, 64, 4, 3, True)
     return _ExtendConfig(64, 64 if head_dim <= 128 else 32, 4, 3)
-
 
 
 def extend_attention(
