@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+
+import pytest
 
 # Tests run on CPU with deterministic kernels and never reach the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -11,10 +14,27 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 if not torch.cuda.is_available():
-    # `--dtype auto` is bf16 on CPUs with native bf16; the suite's exactness checks (HF parity,
-    # batched == single, served == offline) are stated for fp32, so pin it here (servers started
-    # by the tests inherit it). tests/golden/test_cpu_bf16.py covers the bf16 default itself.
-    os.environ.setdefault("MINISGL_DEFAULT_DTYPE", "float32")
     from minisgl.kernels.interpret import use_triton_interpreter
 
     use_triton_interpreter()
+
+# After the interpreter is chosen: minisgl.env reads TRITON_INTERPRET when first imported.
+import minisgl.platform.cpu as cpu_platform  # noqa: E402
+
+# The CPU's real answer, before the pin below (tests/golden/test_cpu_bf16.py checks `--dtype auto`
+# against it through the `native_cpu_dtype` fixture).
+_NATIVE_BF16: Callable[[], bool] = cpu_platform.cpu_has_native_bf16
+
+if not torch.cuda.is_available():
+    # `--dtype auto` is bf16 on CPUs with native bf16; the suite's exactness checks (HF parity,
+    # batched == single, served == offline) are stated for fp32, so the in-process engines see a
+    # CPU without native bf16, and the servers the tests start get `--dtype float32`
+    # (tests/e2e/service.py: CPU_ARGS). tests/golden/test_cpu_bf16.py covers the bf16 default.
+    cpu_platform.cpu_has_native_bf16 = lambda: False
+
+
+@pytest.fixture
+def native_cpu_dtype(monkeypatch: pytest.MonkeyPatch) -> torch.dtype:
+    """Lift the fp32 pin for one test: `--dtype auto` follows the CPU again; returns what it picks."""
+    monkeypatch.setattr(cpu_platform, "cpu_has_native_bf16", _NATIVE_BF16)
+    return torch.bfloat16 if _NATIVE_BF16() else torch.float32

@@ -5,7 +5,7 @@ Each measurement cycles over enough copies of the matrix to fill `--working-set-
 more than the model's 98 MB), so the bytes come from memory or the last-level cache as in a decode
 step, not from L1/L2. Printed per path and type: us per call and GB/s of weight bytes read (with --rows > 8, the GEMM),
 against a memory-bandwidth floor (a torch fp32 sum over `--floor-mb`) and torch's fp32 matmul
-on the dequantized weights (4-6x more bytes).
+on the dequantized weights (4-6x more bytes). Findings: docs/performance.md, "Quantized CPU kernels".
 
     PYTHONPATH=$PWD python tools/bench_cpu_quant.py [--types Q4_1,Q8_0] [--rows 1] [--threads 2]
     PYTHONPATH=$PWD python tools/bench_cpu_quant.py --threads 1 --cpu-time   # on a loaded machine

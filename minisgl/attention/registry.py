@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from minisgl.attention.base import BaseAttnBackend
 from minisgl.kvcache.pool import KVPool
 from minisgl.utils.registry import Registry
+
+if TYPE_CHECKING:
+    from minisgl.platform.base import BasePlatform
 
 AttnCreator = Callable[[KVPool, int, int, int, float], BaseAttnBackend]
 ATTN_BACKENDS: Registry[AttnCreator] = Registry("attention backend")
@@ -33,14 +36,16 @@ def _create_triton(pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: in
     return create_triton_backend(pool, num_heads, num_kv_heads, head_dim, sm_scale)
 
 
-def select_attn_backend(requested: str | None, platform_name: str, triton_interpret: bool) -> str:
+def select_attn_backend(requested: str | None, platform: BasePlatform) -> str:
     """Validate a requested backend name against the registry and platform, or pick the default."""
     if requested is None:
-        return "triton" if platform_name == "cuda" else "torch"
+        return platform.default_attn
     if requested not in ATTN_BACKENDS.names():
         raise ValueError(f"unknown attention backend {requested!r}; choose from {', '.join(ATTN_BACKENDS.names())}")
     platforms = ATTN_BACKENDS.meta(requested).get("platforms", ())
-    if platform_name in platforms or (platform_name == "cpu" and triton_interpret and "cpu-interpret" in platforms):
+    platform_name = platform.name
+    interpreted = platform_name == "cpu" and platform.triton_interpret and "cpu-interpret" in platforms
+    if platform_name in platforms or interpreted:
         return requested
     hint = " (set TRITON_INTERPRET=1 to run Triton kernels on the CPU, slowly)" if requested == "triton" else ""
     raise ValueError(f"attention backend {requested!r} does not run on {platform_name}{hint}")

@@ -28,6 +28,7 @@ from minisgl.kernels.attention import (
 )
 from minisgl.kernels.store_kv import store_kv
 from minisgl.kvcache.pool import KVPool
+from minisgl.platform import current, pins_host_memory
 from minisgl.utils.transfer import StagingRing, upload
 
 
@@ -90,6 +91,8 @@ class TritonAttnBackend(BaseAttnBackend):
         self.head_dim = head_dim
         self.sm_scale = sm_scale
         self.device = pool.k[0].device
+        # Captured sizes take their measured launch where there is one (--decode-tuned).
+        self.decode_tuned = current().kernels.decode_tuned
         self._graph: _GraphBuffers | None = None
 
     def prepare(self, batch: ForwardBatch) -> None:
@@ -201,7 +204,7 @@ class TritonAttnBackend(BaseAttnBackend):
             order=torch.arange(max_bs, dtype=torch.int32, device=self.device),
             mid_o=torch.empty(capacity * self.num_heads * self.head_dim, dtype=torch.float32, device=self.device),
             mid_lse=torch.empty(capacity * self.num_heads, dtype=torch.float32, device=self.device),
-            order_host=StagingRing(pinned=self.device.type == "cuda", dtype=torch.int32),
+            order_host=StagingRing(pinned=pins_host_memory(self.device), dtype=torch.int32),
         )
 
     def prepare_for_capture(self, batch: ForwardBatch) -> None:
@@ -240,7 +243,8 @@ class TritonAttnBackend(BaseAttnBackend):
 
     def _graph_launch(self, batch_size: int) -> DecodeLaunch:
         return decode_graph_launch(
-            batch_size, self.num_heads, self.num_kv_heads, self.head_dim, self.pool.dtype, self.device
+            batch_size, self.num_heads, self.num_kv_heads, self.head_dim, self.pool.dtype, self.device,
+            tuned=self.decode_tuned,
         )
 
     def _graph_for(self, batch: ForwardBatch) -> _GraphBuffers:

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from minisgl.core import SamplingParams
+from minisgl.server.engine_args import add_engine_args, check_engine_args, engine_config, scheduler_config
 
 
 def make_workload(args: argparse.Namespace) -> tuple[list[list[int]], list[int]]:
@@ -28,22 +29,11 @@ def make_llm(args: argparse.Namespace, tp_rank: int = 0, rdzv: Any = None) -> tu
     """The `LLM` these bench args describe (rank `tp_rank` of `--tp`), warmed up once, and its TP
     group's store (None without TP), which the caller keeps alive while the engine runs."""
     from minisgl import LLM
-    from minisgl.engine.config import EngineConfig
-    from minisgl.scheduler.config import SchedulerConfig
     from minisgl.scheduler.process import _join_group
 
-    engine_config = EngineConfig(
-        model=args.model, device=args.device, dtype=args.dtype, dummy_weights=args.dummy_weights,
-        page_size=args.page_size, num_pages=args.num_pages, attn=args.attn,
-        max_running_requests=args.max_running_requests, cuda_graph_max_bs=args.cuda_graph_max_bs,
-        tp_rank=tp_rank, tp_size=args.tp,
-    )
     # Rank r of a TP group runs on the r-th GPU (as the server's scheduler processes do).
-    engine_config, store = _join_group(engine_config, rdzv, device_index=tp_rank)
-    llm = LLM(engine_config=engine_config, scheduler_config=SchedulerConfig(
-        max_running_requests=args.max_running_requests, max_prefill_tokens=args.max_prefill_tokens,
-        cache=args.cache,
-    ))
+    config, store = _join_group(engine_config(args, tp_rank=tp_rank), rdzv, device_index=tp_rank)
+    llm = LLM(engine_config=config, scheduler_config=scheduler_config(args))
     llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=args.temperature, max_tokens=8), use_tqdm=False)  # warm-up
     return llm, store
 
@@ -131,11 +121,13 @@ def run_hf(args: argparse.Namespace, prompts: list[list[int]], outputs: list[int
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     from minisgl.models.source import resolve_model_dir
+    from minisgl.platform import init_platform
 
     model_dir = resolve_model_dir(args.model)
-    device = "cuda" if args.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
+    platform = init_platform(args.device)
+    device = platform.device
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
-        args.dtype, torch.bfloat16 if device == "cuda" else torch.float32
+        args.dtype, platform.default_dtype
     )
     if args.dummy_weights:
         from transformers import AutoConfig
@@ -152,11 +144,10 @@ def run_hf(args: argparse.Namespace, prompts: list[list[int]], outputs: list[int
     )
     start = time.perf_counter()
     results = model.generate_batch(inputs=prompts, generation_config=gen, progress_bar=not args.quiet)
-    if device == "cuda":
-        torch.cuda.synchronize()
+    platform.synchronize()
     seconds = time.perf_counter() - start
     out_tokens = sum(len(r.generated_tokens) for r in results.values())
-    return _record("hf-transformers", out_tokens, seconds, prompts, extra={"device": device,
+    return _record("hf-transformers", out_tokens, seconds, prompts, extra={"device": str(device),
                    "note": f"uniform max_new_tokens={mean_out}"})
 
 
@@ -172,20 +163,10 @@ def _record(engine: str, out_tokens: int, seconds: float, prompts: list[list[int
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The engine and scheduler flags of `python -m minisgl` (server/engine_args.py; `--seed` also
+    seeds the workload), then the workload's."""
     p = argparse.ArgumentParser(prog="python -m minisgl.bench offline", description=__doc__)
-    p.add_argument("--model", default=None, help="model dir, hub id or .gguf (default: embedded SmolLM2)")
-    p.add_argument("--dummy-weights", action="store_true", help="random weights from the model's config")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--attn", default=None)
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--num-pages", type=int, default=None)
-    p.add_argument("--max-running-requests", type=int, default=256)
-    p.add_argument("--max-prefill-tokens", type=int, default=None,
-                   help="prefill tokens per step (default: the LLM class's, 16384 on GPUs of >= 70 GiB, else 8192)")
-    p.add_argument("--cuda-graph-max-bs", type=int, default=256, help="0 disables CUDA graphs")
-    p.add_argument("--cache", default="radix", choices=["radix", "naive"])
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (one process and GPU each)")
+    add_engine_args(p, offline=True)
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--min-input", type=int, default=100)
     p.add_argument("--max-input", type=int, default=1024)
@@ -193,7 +174,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-output", type=int, default=1024)
     p.add_argument("--max-token-id", type=int, default=10000, help="prompt ids are uniform in [0, this]")
     p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--peer", choices=["hf"], action="append", default=[], help="also run a peer engine")
     p.add_argument("--no-minisgl", action="store_true", help="run only the peer(s)")
     p.add_argument("--quiet", action="store_true")
@@ -201,7 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = check_engine_args(args)
+    if problem is not None:
+        parser.error(problem)
     prompts, outputs = make_workload(args)
     if not args.no_minisgl:
         record = run_minisgl_tp(args) if args.tp > 1 else run_minisgl(args, prompts, outputs)

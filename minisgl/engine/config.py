@@ -1,18 +1,21 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from minisgl.platform.kernel_config import KernelConfig
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """What the engine (model runner) needs. Resolved once by `resolve` before use."""
+    """What the engine (model runner) needs. `auto` and None fields are filled in once, by
+    `engine.resolve.resolve(config, platform)`, before the engine reads them."""
 
     model: str | None = None  # None: the embedded default model
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
-    dtype: DType = "auto"
+    dtype: DType = "auto"  # auto: the platform's (bf16 on CUDA and on CPUs with native bf16)
     page_size: int = 16
     num_pages: int | None = None  # None: derived from memory_fraction / kv_cache_gb
     kv_cache_gb: float | None = None  # explicit KV budget (GiB); wins over memory_fraction
@@ -25,8 +28,14 @@ class EngineConfig:
     max_running_requests: int = 256  # rows of the token table
     max_model_len: int | None = None  # cap on the model's context length
     seed: int = 0
+    # Pad eager (prefill) steps' token and logits row counts to a few sizes, so cuBLAS sees GEMM
+    # shapes it has seen before (engine/engine.py: padded_rows). None: the platform's choice (CUDA).
+    pad_eager: bool | None = None
+    kernels: KernelConfig = field(default_factory=KernelConfig)
 
     def __post_init__(self) -> None:
+        if self.dtype not in get_args(DType):
+            raise ValueError(f"unknown dtype {self.dtype!r}: use one of {', '.join(get_args(DType))}")
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.num_pages is not None and self.num_pages < 1:

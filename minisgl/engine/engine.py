@@ -15,17 +15,16 @@ import torch
 
 from minisgl.attention.base import BaseAttnBackend
 from minisgl.attention.batch import ForwardBatch
-from minisgl.attention.registry import ATTN_BACKENDS, select_attn_backend
+from minisgl.attention.registry import ATTN_BACKENDS
 from minisgl.core import Req, SamplingParams
 from minisgl.engine.graph import Runner, padded_rows
 from minisgl.distributed import TPInfo, get_tp_info, set_tp_info
 from minisgl.engine.config import EngineConfig
+from minisgl.engine.resolve import resolve
 from minisgl.engine.grammar import GrammarState, bitmask_width
 from minisgl.engine.penalties import PenaltyTracker
 from minisgl.engine.sampler import LogitsControls, Sampler, SamplingBatch, TokenLogprobs, token_logprobs
 from minisgl.utils.transfer import StagingRing, upload, upload_many
-from minisgl.env import ENV
-from minisgl.kernels.impl import resolve_impl
 from minisgl.kvcache.pool import KVPool
 from minisgl.layers.attention import AttentionLayer
 from minisgl.models.config import ModelConfig
@@ -143,24 +142,21 @@ class Engine:
         from minisgl.models.registry import build_model
         from minisgl.models.source import resolve_model_dir
 
-        self.config = config
         self.platform = init_platform(config.device)
+        # Every `auto` choice made once; the layers built below read the kernel choices.
+        self.config = config = resolve(config, self.platform)
+        self.platform.use_kernels(config.kernels)
         self.platform.set_device()
         self.device = self.platform.device
-        if ENV.num_threads > 0 and self.platform.name == "cpu":
-            torch.set_num_threads(ENV.num_threads)
         set_tp_info(TPInfo(config.tp_rank, config.tp_size))
         self.model_dir: Path = resolve_model_dir(config.model)
         self.model_config = ModelConfig.from_dir(self.model_dir)
-        dtype = config.dtype if config.dtype != "auto" else (ENV.default_dtype or "auto")
-        if dtype != "auto" and dtype not in _DTYPES:
-            raise ValueError(f"unknown dtype {dtype!r} (MINISGL_DEFAULT_DTYPE?): use one of auto, {', '.join(_DTYPES)}")
-        self.dtype = self.platform.default_dtype if dtype == "auto" else _DTYPES[dtype]
+        self.dtype = _DTYPES[config.dtype]
         self.context_len = self.model_config.serving_context_len(config.max_model_len)
         if self.context_len < self.model_config.context_len:
             logger.info("serving a context of %d tokens (model: %d)", self.context_len, self.model_config.context_len)
 
-        if self.platform.name == "cpu" and self.dtype == torch.bfloat16:
+        if config.kernels.cpu_kernels and self.dtype == torch.bfloat16:
             # Built (or loaded from the extension cache) before the layers pick their kernels.
             from minisgl.kernels import cpu_ops
 
@@ -186,7 +182,8 @@ class Engine:
         self.token_table = torch.zeros(
             config.max_running_requests + 1, self.context_len, dtype=torch.int32, device=self.device
         )
-        attn_name = select_attn_backend(config.attn, self.platform.name, ENV.triton_interpret)
+        assert config.attn is not None
+        attn_name = config.attn
         tp = get_tp_info()
         num_heads = self.model_config.num_heads // tp.size
         num_kv_heads = max(1, self.model_config.num_kv_heads // tp.size)
@@ -199,9 +196,9 @@ class Engine:
                 module.bind(self.attn_backend)
         # Fewer kernels per layer where the Triton kernels finish the RMSNorms (models/llama.py).
         fold = getattr(self.model, "fold_norms", None)
-        if ENV.fold_norms and attn_name == "triton" and fold is not None and fold():
+        if config.kernels.fold_norms and fold is not None and fold():
             logger.info("RMSNorm weights folded into the qkv and gate_up projections")
-        self.sampler = Sampler(fused=resolve_impl("auto", self.device) == "triton", seed=config.seed)
+        self.sampler = Sampler(fused=config.kernels.fused_kernels, seed=config.seed)
         self.penalties = PenaltyTracker(self.model_config.vocab_size, self.device)
         # Reused host staging and events (allocating pinned memory or CUDA events per step costs
         # more than the step's own host work). Two of each: step N+1 is built while step N's
@@ -210,9 +207,9 @@ class Engine:
         self._token_staging = StagingRing(self.platform.pin_memory)
         self._events = [self.platform.new_event(), self.platform.new_event()]
         self._step_parity = 0
-        self.pad_eager = self.platform.name == "cuda" if ENV.pad_eager is None else ENV.pad_eager
+        self.pad_eager = bool(config.pad_eager)
         self.runner = self._make_runner()
-        if self.platform.name == "cuda":  # compiled kernels only (the CPU interpreter compiles nothing)
+        if self.platform.compiles_triton:  # compiled kernels only (the CPU interpreter compiles nothing)
             self.attn_backend.warmup(self.token_table, self.scratch_row)
         logger.info(
             "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s",
@@ -231,11 +228,8 @@ class Engine:
         else:
             if cfg.kv_cache_gb is not None:
                 budget = int(cfg.kv_cache_gb * (1 << 30))
-            elif self.platform.name == "cpu":
-                budget = min(4 << 30, self.platform.free_memory() // 4)
             else:
-                self.platform.synchronize()
-                budget = int(self.platform.free_memory() * cfg.memory_fraction) - (2 << 30)
+                budget = self.platform.kv_budget(cfg.memory_fraction)
             # Never more than every running request at full context could use.
             cap = cfg.max_running_requests * self.context_len // cfg.page_size + 1
             num_pages = max(1, min(budget // per_page, cap))

@@ -147,7 +147,7 @@ def load_library(portable_only: bool = False) -> QuantLib:
             "portable only" if portable_only else "avx512 + avx2 + portable", directory)  # fmt: skip
         cflags = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
         if portable_only:
-            cflags.append("-DMINISGL_QUANT_PORTABLE_ONLY")
+            cflags.append("-DQUANT_PORTABLE_ONLY")
         try:
             path = load(name=name, sources=[str(_CSRC / s) for s in sources], extra_cflags=cflags,
                         extra_ldflags=["-fopenmp"], extra_include_paths=[str(_CSRC)],

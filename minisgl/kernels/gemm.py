@@ -14,9 +14,10 @@ The per-tile counters are the device's arrival counters (`kernels/arrival.py`): 
 launches, one buffer for every call on the engine's stream. The fp32 partials live in one
 workspace per device, likewise.
 
-Measured on an H200 it beats cuBLAS only up to 64 rows (`TUNED`: where cuBLAS's tiles leave most
-SMs idle); from there cuBLAS wins, so the engine takes this kernel only where the table says it
-pays (`pays`). The reference (and the CPU path) is `torch.addmm`. Off: MINISGL_TRITON_GEMM=0.
+Measured on an H200 it beats cuBLAS only up to 64 rows (`TUNED`, kernels/tuned/splitk_gemm.json:
+where cuBLAS's tiles leave most SMs idle); from there cuBLAS wins, so the engine takes this kernel
+only where the table says it pays (`pays`). The reference (and the CPU path) is `torch.addmm`.
+Off: --no-triton-gemm.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from triton.language.extra.cuda import gdc_wait
 from minisgl.kernels.arrival import NUM_COUNTERS, arrival_counters
 from minisgl.kernels.impl import num_sms
 from minisgl.kernels.pdl import pdl_args
+from minisgl.kernels.tuning import device_name, load_table
 
 MAX_ROWS = 256  # above this, cuBLAS (the kernel is tuned for decode batches)
 _WORKSPACE_FLOATS = 8 << 20  # 32 MB of fp32 partials
@@ -121,21 +123,28 @@ def _partials(device: torch.device) -> torch.Tensor:
     return torch.empty(_WORKSPACE_FLOATS, dtype=torch.float32, device=device)
 
 
-# Launches measured on an H200 (`scripts/sweep_splitk.py`, in-graph, W from HBM), per (N, K) and
-# the largest M they serve, where they beat cuBLAS's in-place addmm_: Qwen3-0.6B's o_proj and
-# down_proj. Above 64 rows cuBLAS won every swept launch (e.g. o_proj at 160 rows: 6.35 vs 7.37
-# us), so larger batches, and shapes not listed here, keep cuBLAS.
-TUNED: dict[tuple[int, int], list[tuple[int, GemmConfig]]] = {
-    # o_proj: 4.3 / 5.2 us against cuBLAS's 6.0 / 5.9 at 16 / 64 rows
-    (1024, 2048): [(16, GemmConfig(16, 32, 128, 4, 4, 3)), (64, GemmConfig(64, 32, 128, 4, 4, 3))],
-    # down_proj: 5.1 / 6.1 us against 7.1 / 7.4
-    (1024, 3072): [(16, GemmConfig(16, 32, 64, 8, 4, 4)), (64, GemmConfig(64, 32, 128, 4, 4, 3))],
-}
+def _tuned() -> dict[tuple[str, int, int], list[tuple[int, GemmConfig]]]:
+    """kernels/tuned/splitk_gemm.json: (device name, N, K) -> [(largest M served, launch)], in
+    increasing M (the file's order: the first that serves M is taken)."""
+    tables: dict[tuple[str, int, int], list[tuple[int, GemmConfig]]] = {}
+    for table in load_table("splitk_gemm")["tables"]:
+        launches = [
+            (e["max_rows"], GemmConfig(e["block_m"], e["block_n"], e["block_k"], e["split_k"], e["num_warps"],
+                                       e["num_stages"]))
+            for e in table["launches"]
+        ]
+        tables[(table["device"], table["n"], table["k"])] = launches
+    return tables
 
 
-def tuned_config(M: int, N: int, K: int) -> GemmConfig | None:
-    """The measured launch for this shape, or None where cuBLAS is as fast or faster."""
-    for max_rows, cfg in TUNED.get((N, K), []):
+# Launches measured where they beat cuBLAS's in-place addmm_ (Qwen3-0.6B's o_proj and down_proj on
+# an H200, up to 64 rows); larger batches, and devices and shapes not listed, keep cuBLAS.
+TUNED = _tuned()
+
+
+def tuned_config(M: int, N: int, K: int, device: torch.device) -> GemmConfig | None:
+    """The measured launch for this shape on `device`, or None where cuBLAS is as fast or faster."""
+    for max_rows, cfg in TUNED.get((device_name(device), N, K), []):
         if M <= max_rows:
             return cfg
     return None
@@ -171,7 +180,7 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def pays(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the kernel beats cuBLAS here, by the measured table (`TUNED`)."""
-    return supports(x, weight) and tuned_config(x.shape[0], *weight.shape) is not None
+    return supports(x, weight) and tuned_config(x.shape[0], weight.shape[0], weight.shape[1], x.device) is not None
 
 
 def splitk_gemm(
@@ -190,7 +199,7 @@ def splitk_gemm(
         out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     assert out.shape == (M, N) and out.stride(1) == 1
     assert residual is None or (residual.shape == (M, N) and residual.stride(1) == 1)
-    cfg = config or tuned_config(M, N, K) or default_config(M, N, K, x.device)
+    cfg = config or tuned_config(M, N, K, x.device) or default_config(M, N, K, x.device)
     assert N % cfg.block_n == 0 and K % (cfg.block_k * cfg.split_k) == 0, f"N={N}, K={K} do not divide for {cfg}"
     parts, counts = _partials(x.device), arrival_counters(x.device)
     grid = (N // cfg.block_n, triton.cdiv(M, cfg.block_m), cfg.split_k)

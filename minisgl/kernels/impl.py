@@ -8,10 +8,14 @@ no per-call dispatch and the CPU path never imports triton (it is a test extra, 
 from __future__ import annotations
 
 import functools
-import importlib.util
 from typing import Literal
 
 import torch
+
+from minisgl.platform import current
+from minisgl.platform.kernel_config import triton_installed
+
+__all__ = ["KernelImpl", "num_sms", "resolve_impl", "triton_installed"]
 
 KernelImpl = Literal["auto", "triton", "cpu", "torch"]
 
@@ -25,15 +29,11 @@ def num_sms(device: torch.device) -> int:
     return 4
 
 
-@functools.cache
-def triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
 def resolve_impl(impl: KernelImpl, device: torch.device) -> Literal["triton", "cpu", "torch"]:
-    """`auto`: Triton on CUDA when triton is installed (unless MINISGL_FUSED_KERNELS=0); on CPU
-    the C++ kernels when the model is built in bf16 (the default dtype while the engine builds it)
-    and they are available (unless MINISGL_CPU_KERNELS=0), else the reference. fp32 on CPU is the
+    """`auto`: Triton on CUDA when triton is installed (unless --no-fused-kernels); on CPU the C++
+    kernels when the model is built in bf16 (the default dtype while the engine builds it) and
+    they are available (unless --no-cpu-kernels), else the reference. The switches are the
+    platform's resolved kernel choices (`platform.kernels`, set by the engine). fp32 on CPU is the
     exact-parity mode: always the reference. The Triton interpreter is for tests only, far too
     slow to serve; tests ask for `triton` explicitly to run the interpreted kernels."""
     if impl == "torch":
@@ -44,10 +44,8 @@ def resolve_impl(impl: KernelImpl, device: torch.device) -> Literal["triton", "c
         if not triton_installed():
             raise ValueError("impl='triton' was asked for but triton is not installed")
         return "triton"
-    from minisgl.env import ENV
-
     if device.type == "cuda":
-        return "triton" if ENV.fused_kernels and triton_installed() else "torch"
+        return "triton" if current().kernels.fused_kernels else "torch"
     if device.type == "cpu" and torch.get_default_dtype() == torch.bfloat16:
         from minisgl.kernels import cpu_ops
 

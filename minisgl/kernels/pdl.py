@@ -6,25 +6,19 @@ blocks in `gdc_wait` until that predecessor has completed and its writes are vis
 kernel here that takes the `PDL` flag calls `gdc_wait` before it touches memory, so ordering is
 exactly as without PDL (also transitively: a predecessor cannot complete before its own wait
 returned); only the launch latency overlaps the previous kernel's tail. CUDA graphs capture the
-programmatic edges. Off: MINISGL_PDL=0; never on CPU (the interpreter) or before sm90.
+programmatic edges. Off: --no-pdl; never on CPU (the interpreter) or before sm90 (the platform's
+`supports_pdl`, folded into its resolved `kernels.pdl`).
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from minisgl.env import ENV
-
-
-@functools.cache
-def _supported(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
+from minisgl.platform import current
 
 
 def pdl_args(device: torch.device) -> dict[str, bool]:
     """Launch arguments for a kernel with a `PDL: tl.constexpr` parameter on tensors of `device`:
     the constexpr (wait or not) and Triton's `launch_pdl` launch option."""
-    on = ENV.pdl and device.type == "cuda" and _supported(device.index or 0)
+    on = device.type == "cuda" and current().kernels.pdl
     return {"PDL": on, "launch_pdl": on}

@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import all_reduce, divide, get_tp_info
-from minisgl.env import ENV
 from minisgl.kernels import gemm
 from minisgl.kernels.impl import resolve_impl
+from minisgl.platform import current
 
 WeightLoader = Callable[..., None]
 LinearFn = Callable[..., torch.Tensor]
@@ -33,10 +33,11 @@ def select_linear(weight: torch.Tensor) -> LinearFn:
     return F.linear
 
 
-def add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """residual += x @ weight.T, in place (no bias, one rank), in the GEMM's epilogue: the
-    split-K kernel at decode sizes, else cuBLAS's beta = 1. Returns `residual`."""
-    if x.is_cuda and ENV.triton_gemm and gemm.pays(x, weight):  # a shape and row count it measured faster
+def add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, splitk: bool = False) -> torch.Tensor:
+    """residual += x @ weight.T, in place (no bias, one rank), in the GEMM's epilogue: with
+    `splitk` (a layer's choice, made once) the split-K kernel where the measured table says it
+    pays for this shape and row count, else cuBLAS's beta = 1. Returns `residual`."""
+    if splitk and gemm.pays(x, weight):
         return gemm.splitk_gemm(x, weight, residual=residual, out=residual)
     return residual.addmm_(x, weight.t())
 
@@ -126,6 +127,8 @@ class RowParallelLinear(nn.Module):
         self.in_per_rank = divide(in_features, tp.size, "input features")
         self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank))
         self._linear = select_linear(self.weight)
+        # `add_to_`: the split-K Triton GEMM where the platform compiles Triton (--triton-gemm).
+        self._splitk = current().kernels.triton_gemm
         _set_loader(self.weight, self._load_weight)
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         if self.bias is not None:
@@ -139,3 +142,9 @@ class RowParallelLinear(nn.Module):
         out = all_reduce(out)
         # Bias is added once, after the reduction.
         return out if self.bias is None else out + self.bias
+
+    def add_to_(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """residual += x @ W.T in place, in the GEMM's epilogue (no bias, one rank: the folded
+        layer of models/llama.py). Returns `residual`."""
+        assert self.bias is None and self.tp_size == 1
+        return add_linear_(residual, x, self.weight, self._splitk)

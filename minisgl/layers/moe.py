@@ -23,6 +23,7 @@ from torch import nn
 from minisgl.distributed import all_reduce, divide, get_tp_info
 from minisgl.kernels.impl import KernelImpl, triton_installed
 from minisgl.kernels.moe_ref import moe_ref
+from minisgl.platform import compiles_triton
 
 MoeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 _PROJ_INDEX = {"gate": 0, "up": 1}
@@ -31,13 +32,13 @@ _PROJ_INDEX = {"gate": 0, "up": 1}
 def select_moe_impl(impl: KernelImpl, device: torch.device) -> Literal["triton", "torch"]:
     """`auto`: the fused Triton kernel on CUDA, the reference elsewhere.
 
-    Unlike the norm/rotary kernels this is not behind MINISGL_FUSED_KERNELS: the reference reads
+    Unlike the norm/rotary kernels this is not behind --fused-kernels: the reference reads
     the routing on the host (one GEMM pair per hit expert), so it cannot be captured in a CUDA
     graph and is far too slow to serve a 128-expert model; on CUDA the kernel is the serving path.
     The CPU default is the reference because Triton's interpreter is for tests only."""
     if impl == "torch":
         return "torch"
-    if impl == "triton" or (device.type == "cuda" and triton_installed()):
+    if impl == "triton" or (compiles_triton(device) and triton_installed()):
         if not triton_installed():
             raise ValueError("impl='triton' was asked for but triton is not installed")
         return "triton"

@@ -19,7 +19,6 @@ from minisgl.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
-    add_linear_,
 )
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding
@@ -129,10 +128,10 @@ class DecoderLayer(nn.Module):
         o_proj and down_proj add their output to the residual in the GEMM itself. 7 kernels a
         layer instead of 9."""
         attn = self.self_attn.attend(positions, hidden, row_norm=(hidden, self.input_layernorm.eps))
-        # In place, in the GEMM's epilogue (layers/linear.py: add_linear_).
-        add_linear_(hidden, attn, self.self_attn.o_proj.weight)
+        # In place, in the GEMM's epilogue (layers/linear.py: RowParallelLinear.add_to_).
+        self.self_attn.o_proj.add_to_(hidden, attn)
         act = self.mlp.act(self.mlp.gate_up_proj(hidden), row_norm=(hidden, self.post_attention_layernorm.eps))
-        return add_linear_(hidden, act, self.mlp.down_proj.weight)
+        return self.mlp.down_proj.add_to_(hidden, act)
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None

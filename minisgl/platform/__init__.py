@@ -1,8 +1,17 @@
-"""Device facts, resolved once at start-up. Everything device-specific is asked here."""
+"""Device facts, resolved once at start-up. Everything device-specific is asked here.
+
+`minisgl.platform.kernel_config` is torch-free; the platforms themselves import torch, so this
+package imports them only when a platform is made.
+"""
 
 from __future__ import annotations
 
-from minisgl.platform.base import BasePlatform
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from minisgl.platform.base import BasePlatform
 
 _CURRENT: BasePlatform | None = None
 
@@ -31,3 +40,14 @@ def current() -> BasePlatform:
     if _CURRENT is None:
         return init_platform("auto")
     return _CURRENT
+
+
+def compiles_triton(device: torch.device) -> bool:
+    """Whether Triton kernels compile for tensors on `device` (CUDA); on the CPU they only run in
+    Triton's interpreter, for tests."""
+    return device.type == "cuda"
+
+
+def pins_host_memory(device: torch.device) -> bool:
+    """Whether host buffers copied to `device` are pinned, so the copies run asynchronously (CUDA)."""
+    return device.type == "cuda"

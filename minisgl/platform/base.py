@@ -5,6 +5,8 @@ from typing import Any, Literal
 
 import torch
 
+from minisgl.platform.kernel_config import KernelConfig, resolve_kernels
+
 
 class BasePlatform(ABC):
     name: Literal["cpu", "cuda"]
@@ -14,6 +16,16 @@ class BasePlatform(ABC):
     pin_memory: bool
     default_attn: str
     default_dtype: torch.dtype
+    # Triton kernels compile for this device (on CPU they only run in Triton's interpreter, for tests).
+    compiles_triton: bool
+    # Programmatic dependent launch (sm90+).
+    supports_pdl: bool = False
+    # Triton's interpreter is on (TRITON_INTERPRET=1): the triton backend may run on the CPU, slowly.
+    triton_interpret: bool = False
+    # `--pad-eager` unset: pad eager steps' row counts to a few sizes (cuBLAS picks its kernels per
+    # GEMM shape, so new shapes cost; engine/graph.py: padded_rows).
+    pad_eager: bool = False
+    _kernels: KernelConfig | None = None
 
     @abstractmethod
     def new_stream(self) -> Any: ...
@@ -32,6 +44,10 @@ class BasePlatform(ABC):
         """Bytes the engine may still allocate on the device."""
 
     @abstractmethod
+    def kv_budget(self, memory_fraction: float) -> int:
+        """Bytes the KV pool may take when neither --num-pages nor --kv-cache-gb says."""
+
+    @abstractmethod
     def synchronize(self) -> None: ...
 
     def offline_prefill_tokens(self) -> int:
@@ -41,3 +57,15 @@ class BasePlatform(ABC):
 
     def set_device(self) -> None:
         """Bind this process to its device (no-op on CPU)."""
+
+    @property
+    def kernels(self) -> KernelConfig:
+        """The kernel choices of this process (resolved for this platform): the engine sets them
+        before it builds the model (`use_kernels`); until then, the defaults."""
+        if self._kernels is None:
+            self._kernels = resolve_kernels(KernelConfig(), self)
+        return self._kernels
+
+    def use_kernels(self, kernels: KernelConfig) -> None:
+        """Set once per engine, before its layers are built: they pick their implementation from it."""
+        self._kernels = resolve_kernels(kernels, self)

@@ -6,6 +6,7 @@ from typing import Any, Iterator
 import psutil
 import torch
 
+from minisgl.env import ENV
 from minisgl.platform.base import BasePlatform
 
 
@@ -48,16 +49,22 @@ class CpuPlatform(BasePlatform):
     supports_graphs = False
     pin_memory = False
     default_attn = "torch"
+    compiles_triton = False
     # `--dtype auto`: bf16 where the CPU multiplies bf16 natively (AVX-512 BF16 or AMX): about 2x
     # the fp32 GEMM rate and half the bytes per decoded token. fp32 elsewhere, and whenever exact
-    # agreement with fp32 Hugging Face matters (`--dtype float32`; the test suite pins it through
-    # MINISGL_DEFAULT_DTYPE).
+    # agreement with fp32 Hugging Face matters (`--dtype float32`; the test suite pins it:
+    # tests/conftest.py).
     default_dtype = torch.float32
 
     def __init__(self) -> None:
         self.device = torch.device("cpu")
         self.default_dtype = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+        self.triton_interpret = ENV.triton_interpret
         self._stream = _NoopStream()
+
+    def set_device(self) -> None:
+        if ENV.num_threads > 0:
+            torch.set_num_threads(ENV.num_threads)
 
     def new_stream(self) -> _NoopStream:
         return _NoopStream()
@@ -74,6 +81,10 @@ class CpuPlatform(BasePlatform):
 
     def free_memory(self) -> int:
         return int(psutil.virtual_memory().available)
+
+    def kv_budget(self, memory_fraction: float) -> int:
+        # Host memory is shared with everything else: a quarter of what is free, at most 4 GiB.
+        return min(4 << 30, self.free_memory() // 4)
 
     def synchronize(self) -> None:
         pass

@@ -14,6 +14,8 @@ class CudaPlatform(BasePlatform):
     pin_memory = True
     default_attn = "triton"
     default_dtype = torch.bfloat16
+    compiles_triton = True
+    pad_eager = True
 
     def __init__(self, device: str = "cuda") -> None:
         if not torch.cuda.is_available():
@@ -21,6 +23,7 @@ class CudaPlatform(BasePlatform):
         self.device = torch.device(device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        self.supports_pdl = torch.cuda.get_device_capability(self.device)[0] >= 9
 
     def offline_prefill_tokens(self) -> int:
         # Big-memory GPUs (H100/H200 class): 16k-token chunks halve the eagerly launched prefill
@@ -47,6 +50,11 @@ class CudaPlatform(BasePlatform):
     def free_memory(self) -> int:
         free, _total = torch.cuda.mem_get_info(self.device)
         return int(free)
+
+    def kv_budget(self, memory_fraction: float) -> int:
+        # What is free once the model is loaded, less 2 GiB for activations and graphs.
+        self.synchronize()
+        return int(self.free_memory() * memory_fraction) - (2 << 30)
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)

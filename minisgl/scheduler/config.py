@@ -12,7 +12,7 @@ class SchedulerConfig:
     cache: Literal["radix", "naive"] = "radix"
     # Pages kept back per running request for decode growth when admitting new requests.
     decode_reserve_tokens: int = 64
-    # Plan step N+1 while step N runs. None: the platform decides (on where the device runs
+    # Plan step N+1 while step N runs (--overlap-schedule / --no-overlap-schedule). None: the platform decides (on where the device runs
     # asynchronously to the host). Forcing it on CPU exercises the same code path in tests.
     overlap: bool | None = None
     # A request whose prompt shares whole pages with a resident request still computing them

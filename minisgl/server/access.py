@@ -1,8 +1,9 @@
 """Who may call the server: an optional API key and CORS origins.
 
-With a key (`--api-key` or `MINISGL_API_KEY`) every route needs `Authorization: Bearer <key>`,
-except `GET /health` and `GET /metrics` (load balancers and Prometheus scrapers carry no key,
-as with vLLM) and CORS preflights. A missing or wrong key is a 401 in OpenAI's error shape.
+With a key (`--api-key`, or the environment's: minisgl/env.py) every route needs
+`Authorization: Bearer <key>`, except `GET /health` and `GET /metrics` (load balancers and
+Prometheus scrapers carry no key, as with vLLM) and CORS preflights. A missing or wrong key is a
+401 in OpenAI's error shape.
 
 Both run before admission control (admission.py, the app's innermost middleware): a request
 without a valid key is a 401 even when the server is overloaded or draining, and never counts

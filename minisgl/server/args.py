@@ -1,4 +1,5 @@
-"""Command line -> `ServerConfig` (composed of the engine and scheduler configs).
+"""Command line -> `ServerConfig` (composed of the engine and scheduler configs, whose flags
+live in `engine_args.py`, shared with `python -m minisgl.bench offline`).
 
 Bad options end the program with one line that says what to change, never a traceback.
 """
@@ -6,14 +7,24 @@ Bad options end the program with one line that says what to change, never a trac
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, NoReturn
+from typing import NoReturn
 
 from minisgl.engine.config import EngineConfig
-from minisgl.env import ENV
+from minisgl.env import API_KEY_VAR, ENV
 from minisgl.scheduler.config import SchedulerConfig
+from minisgl.server.engine_args import (
+    add_engine_args,
+    check_engine_args,
+    engine_config,
+    non_negative_float,
+    non_negative_int,
+    port,
+    positive_float,
+    positive_int,
+    scheduler_config,
+)
 
 PROG = "python -m minisgl"
 
@@ -74,40 +85,12 @@ def fail(message: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
-def _number(kind: Callable[[str], Any], ok: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
-    """An argparse `type=` that parses `kind` and accepts values with `ok`, else says what it expected."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-        return value
-
-    return parse
-
-
-_positive_int = _number(int, lambda v: v >= 1, "a positive integer")
-_non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
-_port = _number(int, lambda v: 0 <= v <= 65535, "a port number 0-65535")
-_positive_float = _number(float, lambda v: v > 0, "a positive number")
-_non_negative_float = _number(float, lambda v: 0 <= v < math.inf, "a number >= 0")
-
-
 def _host_port(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
+    host, sep, number = text.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # [IPv6]:port
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not number.isdigit() or not 0 < int(number) < 65536:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port 1-65535, got {text!r}")
-    return host, int(port)
-
-
-def _device(text: str) -> str:
-    if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
-        return text
-    raise argparse.ArgumentTypeError(f"unknown device {text!r}: use auto, cpu, cuda or cuda:N")
+    return host, int(number)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,57 +100,38 @@ def build_parser() -> argparse.ArgumentParser:
         "(POST /v1/chat/completions, /v1/completions, /generate, /tokenize, /detokenize; GET /v1/models, "
         "/health, /metrics, /v1/internal/stats), or an interactive chat with --shell.",
     )
-    m = p.add_argument_group("model")
-    m.add_argument("--model", default=None, help="a Hugging Face model directory, a .gguf file or a hub id "
-                   "(default: the embedded SmolLM2-135M-Instruct)")  # fmt: skip
-    m.add_argument("--served-model-name", default=None, help="name reported by /v1/models (default: from --model)")
-    m.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="weight and activation dtype (default: auto = bfloat16 on CUDA and on CPUs with "
-                   "native bf16, else float32)")  # fmt: skip
-    m.add_argument("--dummy-weights", action="store_true", help="random weights (benchmarks without a checkpoint)")
-    m.add_argument("--max-model-len", type=_positive_int, default=None, help="cap on the context length")
-    m.add_argument("--seed", type=int, default=0, help="random seed of the engine (default: 0)")
-    d = p.add_argument_group("device and parallelism")
-    d.add_argument("--device", type=_device, default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
-    d.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size: one scheduler per rank")
-    d.add_argument("--dp", type=_positive_int, default=1, help="data-parallel replicas (each with --tp ranks) "
+    groups = add_engine_args(p)
+    groups.model.add_argument("--served-model-name", default=None,
+                              help="name reported by /v1/models (default: from --model)")  # fmt: skip
+    d = groups.device
+    d.add_argument("--dp", type=positive_int, default=1, help="data-parallel replicas (each with --tp ranks) "
                    "behind one API server; a request goes to the replica with the fewest outstanding "
                    "tokens")  # fmt: skip
-    d.add_argument("--nnodes", type=_positive_int, default=1, help="machines one launch spans (run the same "
+    d.add_argument("--nnodes", type=positive_int, default=1, help="machines one launch spans (run the same "
                    "command on each, with its --node-rank; --tp must be a multiple of it)")  # fmt: skip
-    d.add_argument("--node-rank", type=_non_negative_int, default=0,
+    d.add_argument("--node-rank", type=non_negative_int, default=0,
                    help="this machine's index: 0 serves HTTP, the others run only scheduler ranks")  # fmt: skip
     d.add_argument("--dist-init-addr", type=_host_port, default=None, metavar="HOST:PORT",
                    help="node 0's address and a free port on it, where the nodes meet (torch.distributed "
                    "store); default with one node: a free port on 127.0.0.1")  # fmt: skip
-    d.add_argument("--attn", default=None, help="attention backend (default: triton on CUDA, torch on CPU)")
-    d.add_argument("--cuda-graph-max-bs", type=int, default=256, help="largest batch captured in a CUDA graph; 0 off")
-    k = p.add_argument_group("KV cache and scheduling")
-    k.add_argument("--page-size", type=_positive_int, default=16, help="tokens per KV page (default: 16)")
-    size = k.add_mutually_exclusive_group()
-    size.add_argument("--num-pages", type=_positive_int, default=None, help="KV pool size in pages")
-    size.add_argument("--kv-cache-gb", type=_positive_float, default=None, help="KV pool size in GiB")
-    k.add_argument("--max-running-requests", type=_positive_int, default=256, help="requests decoded together")
-    k.add_argument("--max-prefill-tokens", type=_positive_int, default=8192, help="token budget of one step")
-    k.add_argument("--cache", default="radix", choices=["radix", "naive"], help="prefix cache (default: radix)")
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    s.add_argument("--port", type=_port, default=30000, help="port to listen on (default: 30000; 0: any free)")
-    s.add_argument("--startup-timeout", type=_positive_float, default=600.0,
+    s.add_argument("--port", type=port, default=30000, help="port to listen on (default: 30000; 0: any free)")
+    s.add_argument("--startup-timeout", type=positive_float, default=600.0,
                    help="seconds to wait for every worker to be ready (default: 600)")  # fmt: skip
     s.add_argument("--shell", action="store_true", help="chat in the terminal instead of serving HTTP")
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but "
-                   "/health and /metrics (default: $MINISGL_API_KEY, else no key)")  # fmt: skip
+                   f"/health and /metrics (default: ${API_KEY_VAR}, else no key)")  # fmt: skip
     s.add_argument("--cors-origins", nargs="+", default=[], metavar="ORIGIN",
                    help="origins allowed to call the server from a browser ('*' for any)")  # fmt: skip
     r = p.add_argument_group("overload and shutdown")
-    r.add_argument("--max-queued-requests", type=_non_negative_int, default=None, metavar="N",
+    r.add_argument("--max-queued-requests", type=non_negative_int, default=None, metavar="N",
                    help="answer 503 (with Retry-After) at once to a generation request arriving while "
                    "--max-running-requests + N are in flight (default: no bound)")  # fmt: skip
-    r.add_argument("--request-timeout", type=_positive_float, default=None, metavar="S",
+    r.add_argument("--request-timeout", type=positive_float, default=None, metavar="S",
                    help="end a generation request still running after S seconds with an error "
                    "(504; an error event when streaming) and free its KV pages (default: none)")  # fmt: skip
-    r.add_argument("--shutdown-timeout", type=_non_negative_float, default=10.0, metavar="S",
+    r.add_argument("--shutdown-timeout", type=non_negative_float, default=10.0, metavar="S",
                    help="on SIGTERM / Ctrl-C: refuse new requests, let those in flight finish for up to S "
                    "seconds, then end the rest with an error (default: 10)")  # fmt: skip
     return p
@@ -175,20 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
     args = build_parser().parse_args(argv)
-    if args.cuda_graph_max_bs < 0:
-        fail("--cuda-graph-max-bs must be >= 0")
+    problem = check_engine_args(args)
+    if problem is not None:
+        fail(problem)
     try:
-        engine = EngineConfig(
-            model=args.model, device=args.device, dtype=args.dtype, page_size=args.page_size,
-            num_pages=args.num_pages, kv_cache_gb=args.kv_cache_gb, dummy_weights=args.dummy_weights,
-            attn=args.attn, tp_size=args.tp, cuda_graph_max_bs=args.cuda_graph_max_bs,
-            max_running_requests=args.max_running_requests, max_model_len=args.max_model_len, seed=args.seed,
-        )  # fmt: skip
-        sched = SchedulerConfig(
-            max_running_requests=args.max_running_requests,
-            max_prefill_tokens=args.max_prefill_tokens,
-            cache=args.cache,
-        )
+        engine = engine_config(args)
+        sched = scheduler_config(args)
         parallel = ParallelConfig(dp_size=args.dp, nnodes=args.nnodes, node_rank=args.node_rank,
                                   dist_init_addr=args.dist_init_addr)  # fmt: skip
     except ValueError as exc:

@@ -19,10 +19,11 @@ import json
 import socket
 import threading
 import time
+from dataclasses import fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from minisgl.distributed.group import Rendezvous, connect_store, host_store
-from minisgl.server.args import ParallelConfig
+from minisgl.server.args import ParallelConfig, ServerConfig
 from minisgl.utils.logging import get_logger
 
 if TYPE_CHECKING:
@@ -39,6 +40,28 @@ HeadState = Literal["running", "stopped", "gone"]
 
 def _stopped_key(node: int) -> str:
     return f"launch/node/{node}/stopped"
+
+
+def _flatten(prefix: str, config: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Every leaf field of a (nested) config dataclass as `prefix.field[.subfield]`: value."""
+    out: dict[str, Any] = {}
+    for f in fields(config):
+        if f.name in skip:
+            continue
+        value = getattr(config, f.name)
+        if is_dataclass(value):
+            out.update(_flatten(f"{prefix}.{f.name}", value))
+        else:
+            out[f"{prefix}.{f.name}"] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def launch_settings(config: ServerConfig, model: list[Any]) -> dict[str, Any]:
+    """What every node of one launch must agree on: every engine and scheduler field (the
+    switches included; not the model path, which may differ per machine, nor the rank), the
+    layout, and the model's facts (`model`)."""
+    return {**_flatten("engine", config.engine, skip=("model", "tp_rank")), **_flatten("scheduler", config.sched),
+            "dp": config.parallel.dp_size, "nnodes": config.parallel.nnodes, "model": model}  # fmt: skip
 
 
 def address_towards(host: str, port: int) -> str:

@@ -16,7 +16,6 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -134,14 +133,11 @@ def _join_cluster(config: ServerConfig, model_config: ModelConfig) -> Cluster | 
     """The rendezvous store (hosted on node 0, joined elsewhere); None without TP."""
     if config.engine.tp_size == 1:
         return None
-    from minisgl.server.cluster import Cluster
+    from minisgl.server.cluster import Cluster, launch_settings
 
     mc = model_config
-    engine = {f"engine.{k}": v for k, v in asdict(config.engine).items() if k not in ("model", "tp_rank")}
-    sched = {f"scheduler.{k}": v for k, v in asdict(config.sched).items()}
-    settings = {**engine, **sched, "dp": config.parallel.dp_size, "nnodes": config.parallel.nnodes,
-                "model": [mc.architecture, mc.vocab_size, mc.hidden_size, mc.num_layers, mc.num_heads,
-                          mc.num_kv_heads]}  # fmt: skip
+    settings = launch_settings(config, [mc.architecture, mc.vocab_size, mc.hidden_size, mc.num_layers,
+                                        mc.num_heads, mc.num_kv_heads])  # fmt: skip
     try:
         return Cluster(config.parallel, settings, config.startup_timeout)
     except ValueError as exc:

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 from minisgl.env import ENV
@@ -24,7 +23,3 @@ def get_logger(name: str) -> logging.Logger:
     if not name.startswith("minisgl"):
         name = f"minisgl.{name}"
     return logging.getLogger(name)
-
-
-def is_rank0() -> bool:
-    return os.environ.get("MINISGL_RANK", "0") == "0"

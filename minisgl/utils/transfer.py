@@ -10,10 +10,12 @@ from collections.abc import Sequence
 
 import torch
 
+from minisgl.platform import pins_host_memory
+
 
 def upload(values: Sequence[object], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Host list -> device tensor (pinned staging and a non-blocking copy on CUDA)."""
-    pinned = device.type == "cuda"
+    pinned = pins_host_memory(device)
     return torch.tensor(values, dtype=dtype, pin_memory=pinned).to(device, non_blocking=True)
 
 

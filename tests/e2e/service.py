@@ -18,6 +18,9 @@ import pytest
 
 STARTUP_TIMEOUT = 300.0
 REPO = Path(__file__).resolve().parents[2]
+# The suite's exactness checks are stated for fp32 (tests/conftest.py pins the in-process engines);
+# a test's own --dtype, later on the command line, wins.
+CPU_ARGS = ("--device", "cpu", "--dtype", "float32")
 
 
 def free_port() -> int:
@@ -33,7 +36,7 @@ class Server:
         self.port = free_port()
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        cmd = [sys.executable, "-m", "minisgl", "--device", "cpu", "--port", str(self.port), *extra]
+        cmd = [sys.executable, "-m", "minisgl", *CPU_ARGS, "--port", str(self.port), *extra]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO,
                                      start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
         self.base_url = f"http://127.0.0.1:{self.port}"

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.service import REPO, Server, free_port, wait_idle
+from tests.e2e.service import CPU_ARGS, REPO, Server, free_port, wait_idle
 from tests.e2e.tp_models import check_openai_answers, make_served_model, offline_answers
 
 pytestmark = pytest.mark.tp
@@ -36,7 +36,7 @@ class Node:
     def __init__(self, log_path: Path, *args: str) -> None:
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        cmd = [sys.executable, "-m", "minisgl", "--device", "cpu", *args]
+        cmd = [sys.executable, "-m", "minisgl", *CPU_ARGS, *args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO,
                                      start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
 
@@ -89,12 +89,15 @@ def test_two_nodes_serve_like_tp1_and_stop_together(tmp_path: Path, tiny_llama: 
     head = Server(tmp_path / "node0.log", *_args(tiny_llama, dist_port, 0))
     other: Node | None = None
     try:
-        # A node started with other settings is refused at once, naming the difference.
-        bad = subprocess.run([sys.executable, "-m", "minisgl", "--device", "cpu",
-                              *_args(tiny_llama, dist_port, 1, num_pages=32)],
+        # A node started with other settings is refused at once, naming the difference: a size, a
+        # kernel switch, a scheduling switch.
+        bad = subprocess.run([sys.executable, "-m", "minisgl", *CPU_ARGS,
+                              *_args(tiny_llama, dist_port, 1, num_pages=32), "--no-pdl", "--no-overlap-schedule"],
                              capture_output=True, text=True, cwd=REPO, timeout=120)  # fmt: skip
         assert bad.returncode == 1, bad.stderr
         assert "settings differ from node 0's" in bad.stderr and "engine.num_pages: node 0 has 64" in bad.stderr
+        assert "engine.kernels.pdl: node 0 has True, this node False" in bad.stderr
+        assert "scheduler.overlap: node 0 has None, this node False" in bad.stderr
         other = Node(tmp_path / "node1.log", *_args(tiny_llama, dist_port, 1))
         head.wait_ready()
         assert set(head.child_pids()) == {"scheduler-0", "tokenizer", "detokenizer"}

@@ -1,5 +1,5 @@
 """The CPU's `--dtype auto`: bf16 where the CPU has native bf16 (the suite pins fp32 for its
-exactness checks through MINISGL_DEFAULT_DTYPE; here that pin is lifted), and the embedded model in
+exactness checks, tests/conftest.py; here that pin is lifted), and the embedded model in
 bf16 still answers like the fp32 one on a factual prompt and agrees with fp32 (which equals HF,
 tests/golden/test_embedded_parity.py) up to the first divergence, where both tokens are in the
 other's top-5."""
@@ -10,23 +10,24 @@ import pytest
 import torch
 
 from minisgl import LLM, SamplingParams
-from minisgl.platform.cpu import CpuPlatform, cpu_has_native_bf16
+from minisgl.engine.config import EngineConfig
+from minisgl.engine.resolve import resolve
+from minisgl.platform.cpu import CpuPlatform
 
 
-def test_auto_dtype_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    expected = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
-    assert CpuPlatform().default_dtype == expected
+def test_auto_dtype_follows_the_cpu(monkeypatch: pytest.MonkeyPatch, native_cpu_dtype: torch.dtype) -> None:
+    assert CpuPlatform().default_dtype == native_cpu_dtype
+    assert resolve(EngineConfig(device="cpu"), CpuPlatform()).dtype == str(native_cpu_dtype).removeprefix("torch.")
     monkeypatch.setattr("minisgl.platform.cpu.cpu_has_native_bf16", lambda: False)
     assert CpuPlatform().default_dtype == torch.float32
+    assert resolve(EngineConfig(device="cpu"), CpuPlatform()).dtype == "float32"
 
 
-def test_unknown_default_dtype_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from minisgl import env
-
-    monkeypatch.setattr(env, "ENV", env.Env.read().__class__(**{**env.ENV.__dict__, "default_dtype": "float8"}))
-    monkeypatch.setattr("minisgl.engine.engine.ENV", env.ENV)
+def test_unknown_dtype_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown dtype 'float8'"):
-        LLM(device="cpu")
+        LLM(device="cpu", dtype="float8")
+    with pytest.raises(ValueError, match="unknown dtype 'float8'"):
+        EngineConfig(dtype="float8")  # type: ignore[arg-type]
 
 
 def test_embedded_bf16_answers_and_tracks_fp32() -> None:

@@ -37,7 +37,8 @@ def _engine_config(model_dir: str, rank: int = 0, size: int = 1, device: str = "
     if device == "cuda":
         return EngineConfig(model=model_dir, device=f"cuda:{rank}", dtype="float32", page_size=16,
                             num_pages=64, tp_rank=rank, tp_size=size, cuda_graph_max_bs=8)  # fmt: skip
-    return EngineConfig(model=model_dir, device="cpu", page_size=4, num_pages=64, tp_rank=rank, tp_size=size)
+    return EngineConfig(model=model_dir, device="cpu", dtype="float32", page_size=4, num_pages=64, tp_rank=rank,
+                        tp_size=size)  # fmt: skip
 
 
 def _greedy(llm: LLM) -> list[list[int]]:

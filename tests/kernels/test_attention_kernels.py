@@ -323,38 +323,40 @@ def test_decode_gpu_sweep(dtype: torch.dtype, heads: tuple[int, int], head_dim: 
 def test_graph_tuned_launches_are_valid() -> None:
     """Every measured launch is one the kernel and the graph scratch take: a power-of-two split
     count within MAX_DECODE_SPLITS (eager decode compiles only those), a tile the sweep ran."""
-    for (sms, num_kv_heads, num_heads, head_dim), table in GRAPH_TUNED.items():
-        assert sms > 0 and num_heads % num_kv_heads == 0 and head_dim in (64, 128, 256)
+    assert GRAPH_TUNED, "kernels/tuned/decode_attention.json lists no launch"
+    for (device_name, num_kv_heads, num_heads, head_dim), table in GRAPH_TUNED.items():
+        assert device_name.startswith("NVIDIA ") and num_heads % num_kv_heads == 0 and head_dim in (64, 128, 256)
         for batch_size, launch in table.items():
             assert batch_size in graph_batch_sizes(256)
             assert launch.num_splits in {1, 2, 4, 8, 16, 32, 64}
             assert launch.block_n in (16, 32, 64) and launch.num_warps in (2, 4, 8) and launch.num_stages in (2, 3, 4)
-    # Off CUDA (and with MINISGL_DECODE_TUNED=0) the heuristic's count and the default launch.
+    # Off CUDA (and with --no-decode-tuned) the heuristic's count and the default launch.
     heuristic = DecodeLaunch(decode_num_splits(1, 8, 128, None, DEVICE))
     assert decode_graph_launch(1, 16, 8, 128, torch.bfloat16, DEVICE) == heuristic
 
 
 def test_graph_tuned_launch_selection(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Which captured sizes take a table launch, on a (pretend) 132-SM CUDA device: the listed
-    sizes of the measured shape with a 16-bit cache; everything else the heuristic."""
-    import dataclasses
+    """Which captured sizes take a table launch, on a (pretend) 132-SM H200: the listed sizes of
+    the measured shape with a 16-bit cache; everything else (another GPU too) the heuristic."""
+    import minisgl.kernels.attention.decode as decode
+    import minisgl.kernels.attention.tuned as tuned
 
-    import minisgl.kernels.attention as attention
-
-    monkeypatch.setattr(attention, "num_sms", lambda device: 132)
-    cuda = torch.device("cuda", 0)  # only its type and the patched SM count are read
+    monkeypatch.setattr(decode, "num_sms", lambda device: 132)
+    monkeypatch.setattr(tuned, "device_name", lambda device: "NVIDIA H200")
+    cuda = torch.device("cuda", 0)  # only its type, the patched SM count and name are read
 
     def heuristic(bs: int, num_kv_heads: int = 8) -> DecodeLaunch:
         return DecodeLaunch(decode_num_splits(bs, num_kv_heads, 128, None, cuda))
 
-    table = GRAPH_TUNED[(132, 8, 16, 128)]
+    table = GRAPH_TUNED[("NVIDIA H200", 8, 16, 128)]
     assert decode_graph_launch(176, 16, 8, 128, torch.bfloat16, cuda) == table[176]
     assert decode_graph_launch(1, 16, 8, 128, torch.float16, cuda) == table[1]
     assert decode_graph_launch(160, 16, 8, 128, torch.bfloat16, cuda) == heuristic(160)  # not listed
     assert decode_graph_launch(176, 32, 8, 128, torch.bfloat16, cuda) == heuristic(176)  # other heads
     # An fp32 cache moves twice the bytes per tile: the 16-bit measurements do not apply to it.
     assert decode_graph_launch(176, 16, 8, 128, torch.float32, cuda) == heuristic(176)
-    monkeypatch.setattr(attention, "ENV", dataclasses.replace(attention.ENV, decode_tuned=False))
+    assert decode_graph_launch(176, 16, 8, 128, torch.bfloat16, cuda, tuned=False) == heuristic(176)
+    monkeypatch.setattr(tuned, "device_name", lambda device: "NVIDIA H100 80GB HBM3")  # 132 SMs too
     assert decode_graph_launch(176, 16, 8, 128, torch.bfloat16, cuda) == heuristic(176)
 
 

@@ -251,14 +251,22 @@ def test_layers_use_reference_on_cpu() -> None:
 
 @needs_cuda
 def test_layers_use_triton_on_cuda() -> None:
-    from minisgl.env import ENV
+    from minisgl.platform import init_platform
+    from minisgl.platform.kernel_config import KernelConfig
 
-    if not ENV.fused_kernels:
-        pytest.skip("fused kernels turned off (MINISGL_FUSED_KERNELS=0)")
+    platform = init_platform("cuda")  # the default kernel choices
     with torch.device("cuda"):
         assert RMSNorm(16, 1e-6).impl == "triton"
         assert RotaryEmbedding(16, 32, 10000.0, None).impl == "triton"
         assert SiluAndMul().impl == "triton"
+    platform.use_kernels(KernelConfig(fused_kernels=False))  # --no-fused-kernels
+    try:
+        with torch.device("cuda"):
+            assert RMSNorm(16, 1e-6).impl == "torch"
+            assert RotaryEmbedding(16, 32, 10000.0, None).impl == "torch"
+            assert SiluAndMul().impl == "torch"
+    finally:
+        platform.use_kernels(KernelConfig())
 
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES)

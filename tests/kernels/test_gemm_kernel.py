@@ -83,26 +83,40 @@ def test_supports_and_default_config() -> None:
             assert N % cfg.block_n == 0 and K % (cfg.block_k * cfg.split_k) == 0, (M, N, K, cfg)
 
 
-def test_tuned_table() -> None:
-    for (N, K), entries in gemm.TUNED.items():
+def test_tuned_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kernels/tuned/splitk_gemm.json, on the device it was measured on (the tensors' device is
+    pretended to be an H200: only its name is read); other devices keep cuBLAS."""
+    assert gemm.TUNED, "kernels/tuned/splitk_gemm.json lists no launch"
+    for (device, N, K), entries in gemm.TUNED.items():
+        assert device.startswith("NVIDIA ")
         assert [m for m, _ in entries] == sorted(m for m, _ in entries)
         for max_rows, cfg in entries:
             assert max_rows <= gemm.MAX_ROWS and N % cfg.block_n == 0 and K % (cfg.block_k * cfg.split_k) == 0
-            assert gemm.tuned_config(max_rows, N, K) is not None
-    largest = max(m for m, _ in gemm.TUNED[1024, 2048])
+            monkeypatch.setattr(gemm, "device_name", lambda _device, name=device: name)
+            assert gemm.tuned_config(max_rows, N, K, torch.device("cpu")) is not None
+    monkeypatch.setattr(gemm, "device_name", lambda _device: "NVIDIA H200")
+    largest = max(m for m, _ in gemm.TUNED["NVIDIA H200", 1024, 2048])
     assert gemm.pays(torch.zeros(largest, 2048), torch.zeros(1024, 2048))
     assert not gemm.pays(torch.zeros(largest + 1, 2048), torch.zeros(1024, 2048))  # cuBLAS measured faster
     assert not gemm.pays(torch.zeros(8, 1024), torch.zeros(4096, 1024))  # not in the table
+    monkeypatch.setattr(gemm, "device_name", lambda _device: "NVIDIA A100-SXM4-80GB")
+    assert not gemm.pays(torch.zeros(largest, 2048), torch.zeros(1024, 2048))  # not measured there
 
 
 def test_add_linear_matches_addmm_on_cpu() -> None:
-    from minisgl.layers.linear import add_linear_
+    from minisgl.layers.linear import RowParallelLinear, add_linear_
 
     torch.manual_seed(1)
     x, w, r = torch.randn(6, 128), torch.randn(32, 128), torch.randn(6, 32)
     expected = r.clone().addmm_(x, w.t())
     out = add_linear_(r, x, w)
     assert out.data_ptr() == r.data_ptr() and torch.equal(r, expected)
+    # The layer's choice, made once: never the split-K kernel where Triton does not compile.
+    layer = RowParallelLinear(128, 32)
+    assert layer._splitk is False
+    layer.weight.data.copy_(w)
+    r2 = expected.clone()
+    assert layer.add_to_(r2, x).data_ptr() == r2.data_ptr() and torch.equal(r2, expected.addmm_(x, w.t()))
 
 
 @gpu

@@ -5,17 +5,16 @@ fp32) it computes what the unfolded layers do."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
 import torch
 
-import minisgl.engine.engine as engine_module
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import Engine
 from minisgl.kernels.impl import triton_installed
 from minisgl.layers import activation, norm, rotary
+from minisgl.platform.kernel_config import KernelConfig
 from tests.engine_helpers import forward_logits
 from tests.tiny_models import make_tiny_model
 
@@ -34,10 +33,10 @@ def triton_layers(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _engine(path: str, fold: bool, monkeypatch: pytest.MonkeyPatch) -> Engine:
-    monkeypatch.setattr(engine_module, "ENV", dataclasses.replace(engine_module.ENV, fold_norms=fold))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     return Engine(EngineConfig(model=path, device=device, dtype="float32", attn="triton", page_size=4,
-                               num_pages=256, max_running_requests=4, cuda_graph_max_bs=0))  # fmt: skip
+                               num_pages=256, max_running_requests=4, cuda_graph_max_bs=0,
+                               kernels=KernelConfig(fold_norms=fold)))  # fmt: skip
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])  # with and without Qwen3's q/k norms

@@ -1,19 +1,21 @@
-"""Padded eager steps (`MINISGL_PAD_EAGER`, on by default on CUDA): an eager (prefill or mixed)
+"""Padded eager steps (`--pad-eager`, `EngineConfig.pad_eager`; on by default on CUDA): an eager (prefill or mixed)
 step's token count and logits rows are padded to `padded_rows`, so cuBLAS sees GEMM shapes it has
 run before. The padding must not change any request's output, and must really happen."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
 import torch
 
-import minisgl.engine.engine as engine_module
 from minisgl import LLM, SamplingParams
+from minisgl.engine.config import EngineConfig
 from minisgl.engine.graph import graph_batch_sizes, padded_rows
+from minisgl.engine.resolve import resolve
 from minisgl.kernels.impl import triton_installed
+from minisgl.platform.cpu import CpuPlatform
+from minisgl.scheduler.config import SchedulerConfig
 from tests.tiny_models import make_tiny_model
 
 
@@ -32,9 +34,18 @@ def test_padded_rows_sizes() -> None:
     assert len({padded_rows(n) for n in range(16_385, 16_385 + 256)}) == 1
 
 
-def _generate(path, attn: str, pad: bool, monkeypatch, token_counts: list | None = None, device: str = "cpu") -> list[dict]:
-    monkeypatch.setattr(engine_module, "ENV", dataclasses.replace(engine_module.ENV, pad_eager=pad))
-    llm = LLM(str(path), device=device, attn=attn, page_size=4, num_pages=256, max_prefill_tokens=40)
+def test_pad_eager_default_is_the_platforms() -> None:
+    cpu = CpuPlatform()
+    assert resolve(EngineConfig(device="cpu"), cpu).pad_eager is False  # CUDA's default: see the GPU test
+    assert resolve(EngineConfig(device="cpu", pad_eager=True), cpu).pad_eager is True
+
+
+def _generate(path, attn: str, pad: bool, monkeypatch, token_counts: list | None = None,
+              device: str = "cpu") -> list[dict]:  # fmt: skip
+    llm = LLM(engine_config=EngineConfig(model=str(path), device=device, attn=attn, page_size=4, num_pages=256,
+                                         pad_eager=pad),
+              scheduler_config=SchedulerConfig(max_prefill_tokens=40))  # fmt: skip
+    assert llm.engine.pad_eager is pad
     if token_counts is not None:  # record (tokens in the batch, tokens the requests extend) per step
         runner = llm.engine.runner
         run = runner.run
@@ -86,6 +97,9 @@ def test_padding_changes_no_output_on_gpu(tmp_path, monkeypatch) -> None:
     """The same on CUDA (Triton attention, CUDA graphs for decode), where padding is the default."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
+    from minisgl.platform.cuda import CudaPlatform
+
+    assert resolve(EngineConfig(device="cuda"), CudaPlatform()).pad_eager is True
     make_tiny_model("qwen3", tmp_path)
     counts: list[tuple[int, int, int]] = []
     padded = _generate(tmp_path, "triton", True, monkeypatch, counts, device="cuda")

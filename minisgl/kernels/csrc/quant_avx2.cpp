@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#if defined(__x86_64__) && !defined(MINISGL_QUANT_PORTABLE_ONLY)
+#if defined(__x86_64__) && !defined(QUANT_PORTABLE_ONLY)
 #include <immintrin.h>
 
 #include "quant_types.h"

@@ -20,7 +20,7 @@ namespace minisgl_quant {
   }
 
 MINISGL_QUANT_DECLARE(portable)
-#if !defined(MINISGL_QUANT_PORTABLE_ONLY) && defined(__x86_64__)
+#if !defined(QUANT_PORTABLE_ONLY) && defined(__x86_64__)
 #define MINISGL_QUANT_HAVE_X86 1
 MINISGL_QUANT_DECLARE(avx2)
 MINISGL_QUANT_DECLARE(avx512)

@@ -1,0 +1,83 @@
+"""What the extend and decode kernels share: the online-softmax step over one block of keys,
+the block and precision choices, the layout checks.
+
+Both kernels reach K/V only through the token table (`token_table[row, pos]` is the slot of
+position `pos`), so page size never matters here and the new tokens' K/V are read the same way as
+the prefix once the backend has stored them. Softmax runs in base 2 (`exp2`) with `sm_scale * log2 e`
+folded into the scores, accumulating in fp32. The plain-torch oracle is `kernels/attention_ref.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_block(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_head_ptr,
+    v_head_ptr,
+    table_row_ptr,
+    kv_pos,
+    kv_mask,
+    score_mask,
+    offs_d,
+    d_mask,
+    stride_ks,
+    stride_vs,
+    qk_scale,
+    PRECISION: tl.constexpr,
+):
+    """One online-softmax step over a block of key positions; returns the updated (acc, m, l)."""
+    # int64 before scaling by the slot stride: large pools overflow int32 element offsets.
+    slots = tl.load(table_row_ptr + kv_pos, mask=kv_mask, other=0).to(tl.int64)
+    kv_load_mask = kv_mask[:, None] & d_mask[None, :]
+    k = tl.load(k_head_ptr + slots[:, None] * stride_ks + offs_d[None, :], mask=kv_load_mask, other=0.0)
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    scores = tl.where(score_mask, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    # A row that has seen no key yet keeps m = -inf; shift by 0 instead so exp2 gives 0, not NaN.
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_shift)
+    p = tl.exp2(scores - m_shift[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_head_ptr + slots[:, None] * stride_vs + offs_d[None, :], mask=kv_load_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+def is_interpreted() -> bool:
+    """True when the kernels were built for the CPU interpreter (TRITON_INTERPRET=1 at import)."""
+    return type(_attend_block).__name__ == "InterpretedFunction"
+
+
+# The interpreter's tl.dot is a slow generic numpy matmul, so its cost is the padded block volume:
+# minimal blocks keep CPU tests fast. On the GPU the sizes below are picked for tensor cores.
+_SMALL_BLOCKS = is_interpreted()
+
+
+def _block_d(head_dim: int) -> int:
+    # tl.dot needs every dimension >= 16; other head dims are padded and masked.
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # fp32 caches are the accuracy reference: keep fp32 dots exact instead of tf32.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _check_layout(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int]:
+    assert q.dim() == 3 and k_cache.dim() == 3 and v_cache.shape == k_cache.shape
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[1]
+    assert k_cache.shape[2] == head_dim and num_heads % num_kv_heads == 0
+    assert q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
+    assert q.dtype == k_cache.dtype == v_cache.dtype
+    return num_heads, num_kv_heads, head_dim

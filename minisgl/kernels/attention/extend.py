@@ -1,0 +1,224 @@
+"""Triton paged attention of new tokens (prefill, chunked prefill) over a cached prefix: the
+causal extend kernel and its launch."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from minisgl.kernels.attention.common import (
+    _LOG2E,
+    _SMALL_BLOCKS,
+    _attend_block,
+    _block_d,
+    _check_layout,
+    _precision,
+)
+from minisgl.kernels.pdl import pdl_args
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    table_ptr,
+    rows_ptr,
+    seq_lens_ptr,
+    extend_lens_ptr,
+    extend_starts_ptr,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_table,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+    LAST_BLOCKS_FIRST: tl.constexpr,
+    PACK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Without PACK a program is (request, q head, block of BLOCK_M queries). With PACK it is
+    (request, KV head, block of BLOCK_M // GROUP queries), its BLOCK_M rows being every q head of
+    the group for each query (row r: query r // GROUP, head r % GROUP of the group), so each K/V
+    tile loaded serves all the heads that share it."""
+    if PDL:
+        gdc_wait()  # the previous kernel's writes are visible from here on (kernels/pdl.py)
+    req = tl.program_id(0)
+    head = tl.program_id(1)  # with PACK: the KV head
+    QUERIES: tl.constexpr = BLOCK_M // GROUP if PACK else BLOCK_M  # queries per block
+    # LAST_BLOCKS_FIRST: query blocks are launched last first. A block's work grows with its
+    # position (it reads every key before it): the longest programs start first, the short ones
+    # fill in the tail.
+    m_block = tl.num_programs(2) - 1 - tl.program_id(2) if LAST_BLOCKS_FIRST else tl.program_id(2)
+    m_start = m_block * QUERIES
+    extend_len = tl.load(extend_lens_ptr + req)
+    # The grid is sized by the longest extend in the batch; shorter requests have idle blocks.
+    if m_start >= extend_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    prefix_len = seq_len - extend_len
+    q_start = tl.load(extend_starts_ptr + req).to(tl.int64)
+    row = tl.load(rows_ptr + req).to(tl.int64)
+    if PACK:
+        kv_head = head
+        offs_m = m_start + tl.arange(0, BLOCK_M) // GROUP  # each row's query
+        heads = head * GROUP + tl.arange(0, BLOCK_M) % GROUP  # and its q head
+    else:
+        kv_head = head // GROUP
+        offs_m = m_start + tl.arange(0, BLOCK_M)
+        heads = tl.full([BLOCK_M], 0, tl.int32) + head
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_mask = offs_m < extend_len
+    d_mask = offs_d < HEAD_DIM
+    q_ptrs = q_ptr + (q_start + offs_m)[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q_pos = prefix_len + offs_m
+
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    k_head_ptr = k_ptr + kv_head.to(tl.int64) * stride_kh
+    v_head_ptr = v_ptr + kv_head.to(tl.int64) * stride_vh
+    table_row_ptr = table_ptr + row * stride_table
+
+    # Keys before this block's first query are visible to every query in it: no causal mask,
+    # only the bound of the range (the bulk of the work for a long cached prefix).
+    full_end = prefix_len + m_start
+    for start in range(0, full_end, BLOCK_N):
+        kv_pos = start + offs_n
+        kv_mask = kv_pos < full_end
+        acc, m_i, l_i = _attend_block(
+            acc, m_i, l_i, q, k_head_ptr, v_head_ptr, table_row_ptr, kv_pos, kv_mask,
+            kv_mask[None, :], offs_d, d_mask, stride_ks, stride_vs, qk_scale, PRECISION,
+        )  # fmt: skip
+    # The diagonal: keys among this block's own positions, masked causally.
+    diag_end = tl.minimum(seq_len, full_end + QUERIES)
+    for start in range(full_end, diag_end, BLOCK_N):
+        kv_pos = start + offs_n
+        kv_mask = kv_pos < diag_end
+        causal = kv_mask[None, :] & (kv_pos[None, :] <= q_pos[:, None])
+        acc, m_i, l_i = _attend_block(
+            acc, m_i, l_i, q, k_head_ptr, v_head_ptr, table_row_ptr, kv_pos, kv_mask,
+            causal, offs_d, d_mask, stride_ks, stride_vs, qk_scale, PRECISION,
+        )  # fmt: skip
+
+    # Every real query sees at least its own key, so l > 0 on rows that are stored.
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    o_ptrs = o_ptr + (q_start + offs_m)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+class _ExtendConfig(NamedTuple):
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    pack: bool = False
+
+
+# Longest sequence (cached prefix + extend) up to which the extend kernel takes the short-sequence launch.
+_SHORT_EXTEND_SEQ = 2048
+
+
+def _extend_config(dtype: torch.dtype, head_dim: int, group: int = 1, max_seq_len: int | None = None) -> _ExtendConfig:
+    """Launch shape of the extend kernel, from H200 sweeps (`sweep_decode_attention.py --extend`).
+
+    The first sweep (bf16, Hq 32/Hkv 8 D 128 and Hq 9/Hkv 3 D 64; one 4k prompt, 4 x 1k chunks on
+    3k prefixes, 16 x 256 prompts) found 64x64 tiles, 4 warps and 3 stages best or within 5%
+    everywhere (~295 TFLOP/s at D 128, ~190 at D 64). The second (Hq 16/Hkv 8 D 128, Qwen3-0.6B)
+    added packing a KV head's two q heads into one tile's rows: on 16k-token chunks of fresh
+    prompts of 100-1024 tokens, 64x32 packed tiles run 215 / 192 / 208 us against 252 / 232 / 247
+    for 64x64; on 1k-2k chunks behind 3k-6k prefixes 128x64 packed (4 warps) runs 373 / 385 us
+    against 410 / 395 (and 64x32 loses there: 433 / 498). `max_seq_len` (host lengths; None: long)
+    picks between the two for D 128 and group 2, the measured case."""
+    if _SMALL_BLOCKS:
+        return _ExtendConfig(16, 16, 1, 1)
+    if dtype == torch.float32:
+        # fp32 tiles spill registers at 64x64 with D 128 (25x slower); fp32 is a reference dtype.
+        return _ExtendConfig(64, 64, 8, 2) if head_dim <= 64 else _ExtendConfig(32, 32, 4, 2)
+    if head_dim == 128 and group == 2:
+        short = max_seq_len is not None and max_seq_len <= _SHORT_EXTEND_SEQ
+        return _ExtendConfig(64, 32, 4, 3, True) if short else _ExtendConfig(128, 64, 4, 3, True)
+    return _ExtendConfig(64, 64 if head_dim <= 128 else 32, 4, 3)
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    token_table: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    extend_starts: torch.Tensor,
+    sm_scale: float,
+    *,
+    max_extend_len: int,
+    out: torch.Tensor | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    last_blocks_first: bool = True,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    pack: bool | None = None,
+    max_seq_len: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of the new tokens q [T, Hq, D] over the paged cache [slots, Hkv, D].
+
+    `max_extend_len` (from the host-side lengths) sizes the grid; block sizes are overridable so
+    tests can cross block boundaries with small shapes. `last_blocks_first=False` launches the
+    query blocks in position order instead, and `num_warps`/`num_stages`/`pack` override the tuned
+    launch (sweeps). `max_seq_len` (host-side: the longest prefix + extend) picks the launch.
+    """
+    num_heads, num_kv_heads, head_dim = _check_layout(q, k_cache, v_cache)
+    if out is None:
+        out = torch.empty_like(q)
+    batch_size = rows.shape[0]
+    if batch_size == 0 or max_extend_len == 0:
+        return out
+    group = num_heads // num_kv_heads
+    config = _extend_config(q.dtype, head_dim, group, max_seq_len)
+    block_m = block_m or config.block_m
+    block_n = block_n or config.block_n
+    pack = config.pack if pack is None else pack
+    packable = group & (group - 1) == 0 and block_m % group == 0
+    assert not pack or packable, f"cannot pack a group of {group} q heads in {block_m} rows"
+    if pack:
+        grid = (batch_size, num_kv_heads, triton.cdiv(max_extend_len, block_m // group))
+    else:
+        grid = (batch_size, num_heads, triton.cdiv(max_extend_len, block_m))
+    _extend_kernel[grid](
+        q, k_cache, v_cache, out,
+        token_table, rows, seq_lens, extend_lens, extend_starts,
+        sm_scale * _LOG2E,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), token_table.stride(0),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_D=_block_d(head_dim),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        PRECISION=_precision(q.dtype),
+        LAST_BLOCKS_FIRST=last_blocks_first,
+        PACK=pack,
+        num_warps=num_warps or config.num_warps,
+        num_stages=num_stages or config.num_stages,
+        **pdl_args(q.device),
+    )  # fmt: skip
+    return out

@@ -1,0 +1,48 @@
+"""The decode launch a CUDA graph captures per batch size: the measured table
+(`kernels/tuned/decode_attention.json`) where it has the device, shape and size, else the
+split-count heuristic with the default launch."""
+
+from __future__ import annotations
+
+import torch
+
+from minisgl.kernels.attention.decode import DecodeLaunch, decode_num_splits
+from minisgl.kernels.tuning import device_name, load_table
+
+# (device name, KV heads, q heads, head_dim) -> {captured batch size: launch}
+TunedKey = tuple[str, int, int, int]
+
+
+def _graph_tuned() -> dict[TunedKey, dict[int, DecodeLaunch]]:
+    tables: dict[TunedKey, dict[int, DecodeLaunch]] = {}
+    for table in load_table("decode_attention")["tables"]:
+        key = (table["device"], table["num_kv_heads"], table["num_heads"], table["head_dim"])
+        tables[key] = {
+            e["batch_size"]: DecodeLaunch(e["num_splits"], e["block_n"], e["num_warps"], e["num_stages"])
+            for e in table["launches"]
+        }
+    return tables
+
+
+GRAPH_TUNED = _graph_tuned()
+
+
+def decode_graph_launch(
+    batch_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    kv_dtype: torch.dtype,
+    device: torch.device,
+    *,
+    tuned: bool = True,
+) -> DecodeLaunch:
+    """The launch a CUDA graph captures for `batch_size` requests: the measured one where
+    `GRAPH_TUNED` has this GPU, shape and size and the KV cache is 16-bit, as measured (`tuned`
+    False, --no-decode-tuned, ignores the table), else the heuristic split count for a long
+    context with the default launch."""
+    if tuned and device.type == "cuda" and kv_dtype.itemsize == 2:
+        launch = GRAPH_TUNED.get((device_name(device), num_kv_heads, num_heads, head_dim), {}).get(batch_size)
+        if launch is not None:
+            return launch
+    return DecodeLaunch(decode_num_splits(batch_size, num_kv_heads, head_dim, None, device))

@@ -1,0 +1,153 @@
+"""The engine and scheduler flags, one definition shared by `python -m minisgl` and
+`python -m minisgl.bench offline`: `add_engine_args(parser)` adds them in groups,
+`engine_config(args)` and `scheduler_config(args)` read them back into the configs.
+
+Every behaviour switch of the configs is a flag here (`--x/--no-x`; tri-state where the default
+is the platform's choice), so `--help` lists them all and two nodes of a launch compare them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import fields
+from typing import Any, Callable, NamedTuple
+
+from minisgl.engine.config import DType, EngineConfig
+from minisgl.platform.kernel_config import KernelConfig
+from minisgl.scheduler.config import SchedulerConfig
+
+SERVER_PREFILL_TOKENS = 8192  # the server's --max-prefill-tokens default (latency)
+
+
+def _number(kind: Callable[[str], Any], ok: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
+    """An argparse `type=` that parses `kind` and accepts values with `ok`, else says what it expected."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
+positive_int = _number(int, lambda v: v >= 1, "a positive integer")
+non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
+port = _number(int, lambda v: 0 <= v <= 65535, "a port number 0-65535")
+positive_float = _number(float, lambda v: v > 0, "a positive number")
+non_negative_float = _number(float, lambda v: 0 <= v < math.inf, "a number >= 0")
+
+
+def device(text: str) -> str:
+    if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"unknown device {text!r}: use auto, cpu, cuda or cuda:N")
+
+
+# One flag per KernelConfig field: --fused-kernels for fused_kernels, and so on.
+KERNEL_SWITCHES: dict[str, str] = {
+    "fused_kernels": "fused Triton norm/rotary/SiLU/sampling kernels on CUDA (off: the torch references)",
+    "pdl": "programmatic dependent launch of the Triton kernels (sm90+ GPUs)",
+    "fold_norms": "fold the RMSNorm weights into the qkv and gate_up projections (triton attention backend)",
+    "triton_gemm": "the split-K Triton GEMM for o_proj/down_proj where it measured faster than cuBLAS "
+    "(kernels/tuned/splitk_gemm.json)",
+    "decode_tuned": "the decode attention launches measured per CUDA-graph batch size "
+    "(kernels/tuned/decode_attention.json)",
+    "cpu_kernels": "the bf16 C++ CPU kernels (GEMV, RMSNorm, rotary, SiLU)",
+    "cpu_attn_kernel": "the bf16 C++ CPU decode attention",
+}
+assert set(KERNEL_SWITCHES) == {f.name for f in fields(KernelConfig)}, "every KernelConfig field needs a flag"
+
+
+def flag(name: str) -> str:
+    """A switch field's flag: `--fold-norms` for fold_norms."""
+    return "--" + name.replace("_", "-")
+
+
+class EngineArgGroups(NamedTuple):
+    """The groups `add_engine_args` made, for a caller's own flags of the same kind."""
+
+    model: argparse._ArgumentGroup
+    device: argparse._ArgumentGroup
+    kv: argparse._ArgumentGroup
+    switches: argparse._ArgumentGroup
+
+
+def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -> EngineArgGroups:
+    """Add the engine and scheduler flags to `parser`. `offline`: --max-prefill-tokens defaults
+    to the platform's offline budget (16384 on GPUs of >= 70 GiB) instead of the server's 8192."""
+    defaults, sched = EngineConfig(), SchedulerConfig()
+    m = parser.add_argument_group("model")
+    m.add_argument("--model", default=None, help="a Hugging Face model directory, a .gguf file or a hub id "
+                   "(default: the embedded SmolLM2-135M-Instruct)")  # fmt: skip
+    m.add_argument("--dtype", default="auto", choices=list(DType.__args__),  # type: ignore[attr-defined]
+                   help="weight and activation dtype (default: auto = bfloat16 on CUDA and on CPUs with "
+                   "native bf16, else float32)")  # fmt: skip
+    m.add_argument("--dummy-weights", action="store_true", help="random weights (benchmarks without a checkpoint)")
+    m.add_argument("--max-model-len", type=positive_int, default=None, help="cap on the context length")
+    m.add_argument("--seed", type=int, default=defaults.seed, help="random seed of the engine (default: 0)")
+    d = parser.add_argument_group("device and parallelism")
+    d.add_argument("--device", type=device, default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    d.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size: one scheduler per rank")
+    d.add_argument("--attn", default=None, help="attention backend (default: triton on CUDA, torch on CPU)")
+    d.add_argument("--cuda-graph-max-bs", type=int, default=defaults.cuda_graph_max_bs,
+                   help="largest batch captured in a CUDA graph; 0 off")  # fmt: skip
+    k = parser.add_argument_group("KV cache and scheduling")
+    k.add_argument("--page-size", type=positive_int, default=defaults.page_size,
+                   help="tokens per KV page (default: 16)")  # fmt: skip
+    size = k.add_mutually_exclusive_group()
+    size.add_argument("--num-pages", type=positive_int, default=None, help="KV pool size in pages")
+    size.add_argument("--kv-cache-gb", type=positive_float, default=None, help="KV pool size in GiB")
+    k.add_argument("--max-running-requests", type=positive_int, default=sched.max_running_requests,
+                   help="requests decoded together")  # fmt: skip
+    prefill_help = ("prefill tokens per step (default: the platform's offline budget, 16384 on GPUs of >= 70 GiB, "
+                    "else 8192)" if offline else f"token budget of one step (default: {SERVER_PREFILL_TOKENS})")
+    k.add_argument("--max-prefill-tokens", type=positive_int, default=None if offline else SERVER_PREFILL_TOKENS,
+                   help=prefill_help)  # fmt: skip
+    k.add_argument("--cache", default=sched.cache, choices=["radix", "naive"], help="prefix cache (default: radix)")
+    s = parser.add_argument_group("behaviour switches", "for ablations and bisecting; the defaults are the "
+                                  "measured-fastest setting, and a switch a platform cannot run is off there")
+    boolean = argparse.BooleanOptionalAction
+    s.add_argument("--overlap-schedule", dest="overlap", action=boolean, default=None,
+                   help="plan step N+1 while step N runs (default: on where the device runs asynchronously, CUDA)")
+    s.add_argument("--pad-eager", action=boolean, default=None, help="pad eager (prefill) steps to a few token "
+                   "counts so cuBLAS sees GEMM shapes it has seen before (default: on CUDA)")  # fmt: skip
+    s.add_argument("--dedupe-prefill", action=boolean, default=sched.dedupe_prefill,
+                   help="a prompt sharing pages with a request still computing them waits for the cache "
+                   "(default: on)")  # fmt: skip
+    kernels = KernelConfig()
+    for name, text in KERNEL_SWITCHES.items():
+        default = getattr(kernels, name)
+        s.add_argument(flag(name), action=boolean, default=default,
+                       help=f"{text} (default: {'on' if default else 'off'})")  # fmt: skip
+    return EngineArgGroups(m, d, k, s)
+
+
+def check_engine_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with the flags beyond their own types (a sentence), or None."""
+    if args.cuda_graph_max_bs < 0:
+        return "--cuda-graph-max-bs must be >= 0"
+    return None
+
+
+def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
+    """The EngineConfig the flags say (`overrides`: fields the caller sets itself, e.g. tp_rank)."""
+    values: dict[str, Any] = dict(
+        model=args.model, device=args.device, dtype=args.dtype, page_size=args.page_size,
+        num_pages=args.num_pages, kv_cache_gb=args.kv_cache_gb, dummy_weights=args.dummy_weights,
+        attn=args.attn, tp_size=args.tp, cuda_graph_max_bs=args.cuda_graph_max_bs,
+        max_running_requests=args.max_running_requests, max_model_len=args.max_model_len, seed=args.seed,
+        pad_eager=args.pad_eager, kernels=KernelConfig(**{name: getattr(args, name) for name in KERNEL_SWITCHES}),
+    )  # fmt: skip
+    return EngineConfig(**{**values, **overrides})
+
+
+def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
+    return SchedulerConfig(
+        max_running_requests=args.max_running_requests, max_prefill_tokens=args.max_prefill_tokens,
+        cache=args.cache, overlap=args.overlap, dedupe_prefill=args.dedupe_prefill,
+    )  # fmt: skip
