@@ -59,8 +59,8 @@ def tool_use_id(call_id: str) -> str:
 def _input(arguments: str) -> Any:
     try:
         return json.loads(arguments) if arguments.strip() else {}
-    except ValueError:  # cut short by max_tokens: the raw text is all there is
-        return {"_raw_arguments": arguments}
+    except ValueError:  # cut short by max_tokens: no complete input to show
+        return {}
 
 
 class MessageBuilder:
