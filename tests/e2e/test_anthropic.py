@@ -121,12 +121,12 @@ def test_stream_equals_create(client, server):
 
 def test_forced_tool_use_streams_input_json_and_takes_a_tool_result(client):
     def streamed() -> tuple[list[Any], Any]:
-        with client.messages.stream(model="m", max_tokens=40, messages=ASK, tools=TOOLS, tool_choice=FORCED,
+        with client.messages.stream(model="m", max_tokens=24, messages=ASK, tools=TOOLS, tool_choice=FORCED,
                                     extra_body=GREEDY) as stream:  # fmt: skip
             return list(stream), stream.get_final_message()
 
     r, (events, final) = parallel(
-        lambda: client.messages.create(model="m", max_tokens=40, messages=ASK, tools=TOOLS, tool_choice=FORCED,
+        lambda: client.messages.create(model="m", max_tokens=24, messages=ASK, tools=TOOLS, tool_choice=FORCED,
                                        extra_body=GREEDY),
         streamed,
     )  # fmt: skip
