@@ -125,7 +125,7 @@ class MessageBuilder:
             out.append(self._delta({"type": "text_delta", "text": update.content}))
         for call in update.calls:
             if call.id is not None:
-                block = {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": {}}
+                block: dict[str, Any] = {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": {}}
                 out += self._open("tool_use", block)
             if call.arguments:
                 out.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments}))

@@ -210,6 +210,7 @@ class MessagesRequest(_MessagesBase):
     # Harmless: accepted, no effect on the output.
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
+    cache_control: dict[str, Any] | None = None
 
     @field_validator("max_tokens")
     @classmethod
