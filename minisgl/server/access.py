@@ -1,9 +1,10 @@
 """Who may call the server: an optional API key and CORS origins.
 
 With a key (`--api-key`, or the environment's: minisgl/env.py) every route needs
-`Authorization: Bearer <key>`, except `GET /health` and `GET /metrics` (load balancers and
-Prometheus scrapers carry no key, as with vLLM) and CORS preflights. A missing or wrong key is a
-401 in OpenAI's error shape.
+`Authorization: Bearer <key>` (or `x-api-key: <key>`, as Anthropic's clients send it), except
+`GET /health` and `GET /metrics` (load balancers and Prometheus scrapers carry no key, as with
+vLLM) and CORS preflights. A missing or wrong key is a 401 in OpenAI's error shape (Anthropic's
+under /v1/messages).
 
 Both run before admission control (admission.py, the app's innermost middleware): a request
 without a valid key is a 401 even when the server is overloaded or draining, and never counts
@@ -18,6 +19,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from minisgl.server.anthropic_protocol import anthropic_error
 from minisgl.server.responses import error_response
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
@@ -32,10 +34,17 @@ class ApiKeyMiddleware:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["method"] == "OPTIONS":
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"authorization", b"")
+        headers = dict(scope["headers"])
+        given = headers.get(b"authorization", b"")
         if not hmac.compare_digest(given, self.expected):
-            message = "Incorrect API key provided" if given else "Missing API key: send 'Authorization: Bearer <key>'"
-            await error_response(401, message)(scope, receive, send)
+            key = headers.get(b"x-api-key")  # Anthropic's clients send the key in x-api-key
+            if key is not None and hmac.compare_digest(b"Bearer " + key, self.expected):
+                await self.app(scope, receive, send)
+                return
+            message = "Incorrect API key provided" if given or key else \
+                "Missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')"
+            anthropic = scope["path"].startswith("/v1/messages")
+            await (anthropic_error if anthropic else error_response)(401, message)(scope, receive, send)
             return
         await self.app(scope, receive, send)
 

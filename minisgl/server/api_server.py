@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from minisgl.core import SamplingParams
 from minisgl.message.tokenizer import ChatPrompt, Prompt, TextPrompt, TokenizeMsg, TokenPrompt
 from minisgl.server.access import install_access
+from minisgl.server.anthropic_api import add_anthropic_routes
 from minisgl.server.chat_protocol import ChatCompletionRequest
 from minisgl.server.choice import ChoiceOptions
 from minisgl.server.frontend import FrontendManager
@@ -155,6 +156,7 @@ def create_app(state: AppState) -> FastAPI:
         })  # fmt: skip
 
     add_utility_routes(app, state)
+    add_anthropic_routes(app, state)
     return app
 
 
