@@ -15,7 +15,8 @@ AttnCreator = Callable[[KVPool, int, int, int, float], BaseAttnBackend]
 ATTN_BACKENDS: Registry[AttnCreator] = Registry("attention backend")
 
 
-@ATTN_BACKENDS.register("torch", platforms=("cpu", "cuda"))
+# `windows`: the backend runs per-layer sliding windows and soft-capped logits (AttnLayerSpec).
+@ATTN_BACKENDS.register("torch", platforms=("cpu", "cuda"), windows=True)
 def _create_torch(pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, sm_scale: float) -> BaseAttnBackend:
     from minisgl.attention.torch_backend import TorchAttnBackend
 
@@ -34,6 +35,11 @@ def _create_triton(pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: in
     from minisgl.attention.triton_backend import create_triton_backend
 
     return create_triton_backend(pool, num_heads, num_kv_heads, head_dim, sm_scale)
+
+
+def runs_windows(name: str) -> bool:
+    """Whether backend `name` runs sliding-window and soft-capped attention layers."""
+    return bool(ATTN_BACKENDS.meta(name).get("windows", False))
 
 
 def select_attn_backend(requested: str | None, platform: BasePlatform) -> str:
