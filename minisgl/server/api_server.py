@@ -11,7 +11,6 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from minisgl.core import SamplingParams
+from minisgl.core import fan_out
 from minisgl.message.tokenizer import ChatPrompt, Prompt, TextPrompt, TokenizeMsg, TokenPrompt
 from minisgl.server.access import install_access
 from minisgl.server.chat_protocol import ChatCompletionRequest
@@ -37,11 +36,6 @@ __all__ = ["AppState", "create_app"]
 logger = get_logger(__name__)
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-
-
-def _seeded(sampling: SamplingParams, i: int) -> SamplingParams:
-    # n > 1 with a seed: give each choice its own (reproducible) stream.
-    return sampling if sampling.seed is None or i == 0 else replace(sampling, seed=sampling.seed + i)
 
 
 def create_app(state: AppState) -> FastAPI:
@@ -83,9 +77,8 @@ def create_app(state: AppState) -> FastAPI:
         sampling, explicit = req.sampling(state.context_len)
         inbox = state.fm.open(req.n, notify_each=req.stream)
         prompt = ChatPrompt(req.messages, req.prompt_tools(), dict(req.chat_template_kwargs or {}))
-        msgs = [TokenizeMsg(rid, prompt, _seeded(sampling, i), explicit, req.stop_list(),
-                            include_stop=req.include_stop_str_in_output)
-                for i, rid in enumerate(inbox.rids)]  # fmt: skip
+        msgs = [TokenizeMsg(rid, prompt, choice, explicit, req.stop_list(), include_stop=req.include_stop_str_in_output)
+                for rid, choice in zip(inbox.rids, fan_out(sampling, req.n))]  # fmt: skip
         session = Session(state.fm, request, inbox)
         await session.submit(msgs)
         options = ChoiceOptions(tool_mode=req.tool_mode, tool_names=tuple(req.tool_names),
@@ -102,7 +95,8 @@ def create_app(state: AppState) -> FastAPI:
         raw = req.prompts()
         prompts: list[Prompt] = [TextPrompt(p) if isinstance(p, str) else TokenPrompt(p) for p in raw]
         inbox = state.fm.open(len(prompts) * req.n, notify_each=req.stream)
-        msgs = [TokenizeMsg(rid, prompts[i // req.n], _seeded(sampling, i % req.n), explicit, req.stop_list(),
+        choices = fan_out(sampling, req.n)
+        msgs = [TokenizeMsg(rid, prompts[i // req.n], choices[i % req.n], explicit, req.stop_list(),
                             include_stop=req.include_stop_str_in_output, echo=req.echo)
                 for i, rid in enumerate(inbox.rids)]  # fmt: skip
         session = Session(state.fm, request, inbox)
