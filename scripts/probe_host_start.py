@@ -47,7 +47,7 @@ def main() -> None:
         return
     llm.engine.platform.synchronize()
     end = time.perf_counter()
-    tokens = sum(len(r["token_ids"]) for r in results)
+    tokens = sum(len(r.outputs[0].token_ids) for r in results)
     print(f"{len(prompts)} prompts, {tokens} output tokens, {len(launches)} steps in {end - start:.3f} s: "
           f"{1e3 * (launches[0] - start):.1f} ms to the first launch, {1e3 * (end - launches[-1]):.1f} ms after "
           f"the last")  # fmt: skip

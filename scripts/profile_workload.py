@@ -66,7 +66,7 @@ def main() -> None:
     start = time.perf_counter()
     results = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - start
-    tokens = sum(len(r["token_ids"]) for r in results)
+    tokens = sum(len(r.outputs[0].token_ids) for r in results)
     print(f"{tokens} output tokens in {seconds:.2f} s = {tokens / seconds:.0f} tok/s; {sched.num_retractions} retractions")
     print(f"{'bucket (batch <=)':18} {'steps':>6} {'wall s':>7} {'ms/step':>8} {'wait ms':>8} {'host ms':>8}")
     for key in sorted(buckets):

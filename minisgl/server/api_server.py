@@ -18,13 +18,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from minisgl.core import fan_out
-from minisgl.message.tokenizer import ChatPrompt, Prompt, TextPrompt, TokenizeMsg, TokenPrompt
+from minisgl.message.tokenizer import Prompt, TextPrompt, TokenizeMsg, TokenPrompt
 from minisgl.server.access import install_access
 from minisgl.server.chat_protocol import ChatCompletionRequest
 from minisgl.server.choice import ChoiceOptions
 from minisgl.server.frontend import FrontendManager
 from minisgl.server.protocol import CompletionRequest, GenerateRequest, RequestError, parse_request
+from minisgl.server.request_msgs import chat_msgs, completion_msgs
 from minisgl.server.responses import ResponseBuilder, error_response
 from minisgl.server.session import Session, respond, respond_native
 from minisgl.server.state import AppState
@@ -76,9 +76,7 @@ def create_app(state: AppState) -> FastAPI:
         req: ChatCompletionRequest = parse_request(ChatCompletionRequest, await request.body())
         sampling, explicit = req.sampling(state.context_len)
         inbox = state.fm.open(req.n, notify_each=req.stream)
-        prompt = ChatPrompt(req.messages, req.prompt_tools(), dict(req.chat_template_kwargs or {}))
-        msgs = [TokenizeMsg(rid, prompt, choice, explicit, req.stop_list(), include_stop=req.include_stop_str_in_output)
-                for rid, choice in zip(inbox.rids, fan_out(sampling, req.n))]  # fmt: skip
+        msgs = chat_msgs(req, inbox.rids, sampling, explicit)
         session = Session(state.fm, request, inbox)
         await session.submit(msgs)
         options = ChoiceOptions(tool_mode=req.tool_mode, tool_names=tuple(req.tool_names),
@@ -95,10 +93,7 @@ def create_app(state: AppState) -> FastAPI:
         raw = req.prompts()
         prompts: list[Prompt] = [TextPrompt(p) if isinstance(p, str) else TokenPrompt(p) for p in raw]
         inbox = state.fm.open(len(prompts) * req.n, notify_each=req.stream)
-        choices = fan_out(sampling, req.n)
-        msgs = [TokenizeMsg(rid, prompts[i // req.n], choices[i % req.n], explicit, req.stop_list(),
-                            include_stop=req.include_stop_str_in_output, echo=req.echo)
-                for i, rid in enumerate(inbox.rids)]  # fmt: skip
+        msgs = completion_msgs(req, prompts, inbox.rids, sampling, explicit)
         session = Session(state.fm, request, inbox)
         await session.submit(msgs)
         options = ChoiceOptions(logprobs=req.logprobs is not None, echo=req.echo)
