@@ -73,10 +73,6 @@ class _NoTokenizer:
         return ""
 
 
-def _no_text(seqs: list[list[int]]) -> list[str]:
-    return [""] * len(seqs)
-
-
 def _no_token_text(token_id: int) -> tuple[str, bytes]:
     return "", b""
 
@@ -94,8 +90,10 @@ class LLM:
         self.engine, self.scheduler = build_scheduler(engine_cfg, sched_cfg)
         self._tokenizer: Any = None
         self._requests: RequestTokenizer | None = None
-        decode, token_text = make_decoders(str(self.engine.model_dir)) if self.has_tokenizer else (_no_text, _no_token_text)
-        self.detok = IncrementalDetokenizer(decode, token_text)
+        if self.has_tokenizer:
+            self.detok = IncrementalDetokenizer(*make_decoders(str(self.engine.model_dir)))
+        else:  # token ids only: no per-step decoding
+            self.detok = IncrementalDetokenizer(None, _no_token_text)
         self._next_rid = 0
 
     @property

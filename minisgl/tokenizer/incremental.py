@@ -99,7 +99,9 @@ class IncrementalDetokenizer:
     A request's facts (`register`) arrive in the same ordered stream as its outputs and before
     the first of them, so an output of an unknown request is one that ended already."""
 
-    def __init__(self, batch_decode: BatchDecode, token_text: TokenText | None = None) -> None:
+    def __init__(self, batch_decode: BatchDecode | None, token_text: TokenText | None = None) -> None:
+        """`batch_decode` None: a model without a tokenizer; deltas carry token ids (and
+        logprobs) only, at the end of each request, with no per-step decoding."""
         self._decode = batch_decode
         self._token_text = token_text or self._text_by_decode
         self.states: dict[int, DecodeState] = {}
@@ -126,6 +128,8 @@ class IncrementalDetokenizer:
         return self.stopped.get(rid, 0)
 
     def process(self, outs: list[TokenOut]) -> DetokResult:
+        if self._decode is None:
+            return self._process_ids(outs)
         result = DetokResult()
         live: list[tuple[TokenOut, DecodeState]] = []
         for out in outs:
@@ -152,6 +156,21 @@ class IncrementalDetokenizer:
         for i, (out, state) in enumerate(live):
             new_text = self._advance(state, texts[2 * i], texts[2 * i + 1], out.finish_reason is not None)
             self._emit(result, out, state, new_text)
+        return result
+
+    def _process_ids(self, outs: list[TokenOut]) -> DetokResult:
+        """Without a tokenizer: collect ids (and logprobs); one delta per request, at its end."""
+        result = DetokResult()
+        states = self.states
+        for out in outs:
+            state = states.get(out.rid)
+            if state is None:
+                continue
+            state.unsent_ids += out.token_ids
+            if out.logprobs is not None or out.prompt_logprobs is not None:
+                self._add_logprobs(state, out)
+            if out.finish_reason is not None:
+                self._emit(result, out, state, "")
         return result
 
     @staticmethod
@@ -196,7 +215,7 @@ class IncrementalDetokenizer:
             logprobs=state.unsent_logprobs,
         )
         if echo and state.echo_ids is not None:
-            delta.prompt_text = self._decode([state.echo_ids])[0]
+            delta.prompt_text = self._decode([state.echo_ids])[0] if self._decode is not None else ""
             delta.prompt_logprobs = state.prompt_logprobs
             state.echo_ids = state.prompt_logprobs = None
         result.deltas.append(delta)
@@ -220,5 +239,5 @@ class IncrementalDetokenizer:
             state.prompt_logprobs = logprob_entries(self._token_text, state.echo_ids, out.prompt_logprobs)
 
     def _text_by_decode(self, token_id: int) -> tuple[str, bytes]:
-        text = self._decode([[token_id]])[0]
+        text = self._decode([[token_id]])[0] if self._decode is not None else ""
         return text, text.encode()
