@@ -93,7 +93,7 @@ class SamplingParams:
         return {f.name: _copy(getattr(self, f.name)) for f in fields(self)}
 
     @staticmethod
-    def from_dict(data: dict[str, Any]) -> "SamplingParams":
+    def from_dict(data: dict[str, Any]) -> SamplingParams:
         return SamplingParams(**data)
 
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from minisgl.message.frontend import ErrorMsg
 from minisgl.server.chat_protocol import ChatCompletionRequest

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import fields, replace
-from typing import Any, Union
+from typing import Any
 
 from tqdm import tqdm
 
@@ -25,9 +25,9 @@ from minisgl.tokenizer.detokenizer import make_decoders
 from minisgl.tokenizer.incremental import IncrementalDetokenizer
 from minisgl.tokenizer.worker import RequestTokenizer, load_hf_tokenizer
 
-PromptInput = Union[str, list[int]]
+PromptInput = str | list[int]
 Message = dict[str, Any]
-ParamsInput = Union[SamplingParams, Sequence[SamplingParams], None]
+ParamsInput = SamplingParams | Sequence[SamplingParams] | None
 
 _ENGINE_FIELDS = frozenset(f.name for f in fields(EngineConfig))
 _SCHED_FIELDS = frozenset(f.name for f in fields(SchedulerConfig))
@@ -127,9 +127,9 @@ class LLM:
     def generate(self, prompts: PromptInput | Sequence[PromptInput], sampling_params: ParamsInput = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:  # fmt: skip
         """One `RequestOutput` per prompt (a string, or token ids), in order."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        wrapped: list[Prompt] = [TextPrompt(p) if isinstance(p, str) else TokenPrompt(list(p)) for p in prompts]
+        single = isinstance(prompts, str) or (isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], int))
+        items: list[Any] = [prompts] if single else list(prompts)
+        wrapped: list[Prompt] = [TextPrompt(p) if isinstance(p, str) else TokenPrompt([int(t) for t in p]) for p in items]
         return self._run(wrapped, sampling_params, use_tqdm)
 
     def chat(

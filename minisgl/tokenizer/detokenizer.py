@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from minisgl.message.codec import WIRE
 from minisgl.message.frontend import TextDeltaMsg
 from minisgl.message.scheduler import AbortMsg, ShutdownMsg
 from minisgl.message.tokenizer import TokenOutMsg
 from minisgl.tokenizer.incremental import BatchDecode, DetokResult, IncrementalDetokenizer
 from minisgl.tokenizer.token_text import TokenText, fast_token_text, slow_token_text
-from minisgl.message.codec import WIRE
 from minisgl.utils.logging import get_logger
 from minisgl.utils.process import ReadyReporter
 from minisgl.utils.zmq import ZmqPullQueue, ZmqPushQueue

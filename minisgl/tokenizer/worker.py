@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from minisgl.core import SamplingParams
+from minisgl.message.codec import WIRE
 from minisgl.message.frontend import DetokenizedMsg, ErrorMsg, QueryErrorMsg, QueryReply, TokensMsg
 from minisgl.message.scheduler import AbortMsg, ShutdownMsg, TokenizedMsg
 from minisgl.message.tokenizer import (
@@ -33,7 +34,6 @@ from minisgl.message.tokenizer import (
 from minisgl.tokenizer.chat import ChatRenderer, ChatTemplateError
 from minisgl.tokenizer.incremental import PROMPT_TAIL
 from minisgl.tokenizer.router import ReplicaRouter
-from minisgl.message.codec import WIRE
 from minisgl.utils.logging import get_logger
 from minisgl.utils.process import ReadyReporter
 from minisgl.utils.zmq import ZmqPullQueue, ZmqPushQueue
