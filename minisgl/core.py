@@ -5,18 +5,35 @@ Nothing here imports torch, so the API server and tokenizer processes stay light
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort"]
 
 
+class SamplingError(ValueError):
+    """A sampling value out of range; `param` names the field (the server answers 400 with it)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+MAX_N = 64  # choices per request
+MAX_STOP_STRINGS = 16
+
+
 @dataclass
 class SamplingParams:
-    """Per-request sampling controls. `temperature == 0` means greedy."""
+    """Per-request sampling controls, vLLM-shaped; `temperature == 0` means greedy.
+
+    `__post_init__` is the one check of these values, for every front end (HTTP, shell, `LLM`);
+    what depends on the prompt (token id ranges, context fit) is checked by the tokenizer stage.
+    `n`, `stop` and `include_stop_str_in_output` are read by the front end: `n` fans out into
+    requests (`fan_out`), the stop strings go to the detokenizer; the scheduler ignores them."""
 
     temperature: float = 1.0
-    top_k: int | None = None  # None: no top-k cut
+    top_k: int | None = None  # None: no top-k cut (0 and -1 are accepted for "none")
     top_p: float = 1.0
     min_p: float = 0.0
     max_tokens: int = 128
@@ -26,7 +43,7 @@ class SamplingParams:
     # Applied per request inside a batch (OpenAI/vLLM semantics).
     presence_penalty: float = 0.0  # [-2, 2], subtracted once from every token already generated
     frequency_penalty: float = 0.0  # [-2, 2], times the count of each generated token
-    repetition_penalty: float = 1.0  # > 0; divides positive / multiplies negative logits of seen tokens
+    repetition_penalty: float = 1.0  # (0, 10]; divides positive / multiplies negative logits of seen tokens
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> bias in [-100, 100]
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens exist
     logprobs: int | None = None  # None: off; k >= 0: sampled token's logprob plus the top k
@@ -35,67 +52,69 @@ class SamplingParams:
     json_schema: str | None = None
     json_object: bool = False
     regex: str | None = None
+    n: int = 1  # samples of the same prompt
+    stop: list[str] = field(default_factory=list)  # a str is taken as a list of one
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
         if self.top_k is not None and self.top_k <= 0:
-            # 0 and -1 are what other engines accept for "disabled"; normalise them.
-            if self.top_k in (0, -1):
-                self.top_k = None
-            else:
-                raise ValueError(f"top_k must be a positive integer or -1, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+            if self.top_k not in (0, -1):
+                raise SamplingError("top_k must be a positive integer, or -1 / 0 to disable it", "top_k")
+            self.top_k = None  # what other engines accept for "disabled"
+        _check("temperature", self.temperature >= 0, "temperature must be >= 0")
+        _check("top_p", 0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]")
+        _check("min_p", 0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]")
+        _check("max_tokens", self.max_tokens >= 1, "max_tokens must be at least 1")
+        _check("n", 1 <= self.n <= MAX_N, f"n must be between 1 and {MAX_N}")
         for name in ("presence_penalty", "frequency_penalty"):
-            if not -2.0 <= getattr(self, name) <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if any(not -100.0 <= bias <= 100.0 for bias in self.logit_bias.values()):
-            raise ValueError("logit_bias values must be in [-100, 100]")
-        if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
+            value = getattr(self, name)
+            _check(name, -2.0 <= value <= 2.0, f"'{name}' must be in [-2, 2], got {value}")
+        _check("repetition_penalty", 0 < self.repetition_penalty <= 10, "'repetition_penalty' must be in (0, 10]")
+        for token, bias in self.logit_bias.items():
+            _check("logit_bias", -100.0 <= bias <= 100.0, f"the bias of token {token} must be in [-100, 100], got {bias}")
+        _check("stop_token_ids", all(t >= 0 for t in self.stop_token_ids), "token ids must be >= 0")
+        _check("stop", len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings are supported")
+        _check("min_tokens", self.min_tokens >= 0, "min_tokens must be >= 0")
+        _check("min_tokens", self.min_tokens <= self.max_tokens,
+               f"'min_tokens' ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")  # fmt: skip
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and not 0 <= value <= 20:
-                raise ValueError(f"{name} must be in [0, 20], got {value}")
-        if sum((self.json_schema is not None, self.json_object, self.regex is not None)) > 1:
-            raise ValueError("at most one of json_schema, json_object and regex may be set")
+            _check(name, value is None or 0 <= value <= 20, f"{name} must be in [0, 20], got {value}")
+        structured = sum((self.json_schema is not None, self.json_object, self.regex is not None))
+        _check("regex", structured <= 1, "at most one of json_schema, json_object and regex may be set")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "temperature": self.temperature,
-            "top_k": self.top_k,
-            "top_p": self.top_p,
-            "min_p": self.min_p,
-            "max_tokens": self.max_tokens,
-            "ignore_eos": self.ignore_eos,
-            "seed": self.seed,
-            "stop_token_ids": list(self.stop_token_ids),
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "repetition_penalty": self.repetition_penalty,
-            "logit_bias": dict(self.logit_bias),
-            "min_tokens": self.min_tokens,
-            "logprobs": self.logprobs,
-            "prompt_logprobs": self.prompt_logprobs,
-            "json_schema": self.json_schema,
-            "json_object": self.json_object,
-            "regex": self.regex,
-        }
+        return {f.name: _copy(getattr(self, f.name)) for f in fields(self)}
 
     @staticmethod
-    def from_dict(data: dict[str, Any]) -> "SamplingParams":
+    def from_dict(data: dict[str, Any]) -> SamplingParams:
         return SamplingParams(**data)
+
+
+def _check(param: str, ok: bool, message: str) -> None:
+    if not ok:
+        raise SamplingError(message, param)
+
+
+def _copy(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else dict(value) if isinstance(value, dict) else value
+
+
+def fan_out(sampling: SamplingParams, n: int | None = None) -> list[SamplingParams]:
+    """The `n` requests of one prompt (default `sampling.n`), as every front end makes them: each
+    one sample (n=1); with a seed, choice i gets seed + i, so each has its own reproducible
+    stream and choice 0 is what n=1 gives."""
+    count = sampling.n if n is None else n
+    one = sampling if sampling.n == 1 else replace(sampling, n=1)
+    if sampling.seed is None:
+        return [one] * count
+    return [one if i == 0 else replace(one, seed=sampling.seed + i) for i in range(count)]
 
 
 @dataclass(slots=True, eq=False)

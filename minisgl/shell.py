@@ -1,39 +1,51 @@
 """`python -m minisgl --shell`: a multi-turn chat in the terminal.
 
-It talks to the same tokenizer, scheduler and detokenizer processes as the HTTP server, through
-the same messages, one request at a time: each turn sends the whole conversation (the prefix
-cache makes the repeated part cheap) and streams the answer as it is decoded.
+It is a front end of the same service as the HTTP server, on the same path: each turn is a chat
+completion body validated by the server's `ChatCompletionRequest`, turned into `TokenizeMsg`s
+by the same function as the `/v1/chat/completions` route (`server.request_msgs`), and its replies
+are routed by the server's `FrontendManager` (one inbox per request, abort on release). Each turn
+sends the whole conversation (the prefix cache makes the repeated part cheap) and streams the
+answer as it is decoded.
 Commands: /reset (forget the conversation), /history, /help, /exit (or Ctrl-D). Ctrl-C stops
 the answer being generated.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from minisgl.core import SamplingParams
-from minisgl.message.frontend import ErrorMsg, TextDeltaMsg
-from minisgl.message.scheduler import AbortMsg
-from minisgl.message.tokenizer import ChatPrompt, TokenizeMsg
-from minisgl.utils.zmq import ZmqPullQueue, ZmqPushQueue
-
-if TYPE_CHECKING:
-    from minisgl.server.launch import ServiceProcesses
+from minisgl.message.frontend import ErrorMsg
+from minisgl.server.chat_protocol import ChatCompletionRequest
+from minisgl.server.frontend import FrontendAddrs, FrontendManager
+from minisgl.server.protocol import RequestError, parse_request
+from minisgl.server.request_msgs import chat_msgs
 
 HELP = "commands: /reset forget the conversation, /history show it, /help, /exit (or Ctrl-D); Ctrl-C stops an answer"
-MAX_ANSWER_TOKENS = 512
+MAX_ANSWER_TOKENS = 512  # a ceiling (like a chat body without max_tokens): lowered to fit the context
+
+
+class Service(Protocol):
+    """What the shell needs of the launched workers (`server.processes.ServiceProcesses`)."""
+
+    frontend_addrs: FrontendAddrs
+
+    def start_watchdog(self, on_death: Callable[[str], None]) -> None: ...
+
+    def shutdown(self, grace: float = 3.0) -> None: ...
 
 
 class ChatShell:
-    def __init__(self, recv: ZmqPullQueue[object], to_tokenizer: ZmqPushQueue[object],
-                 sampling: SamplingParams, out: Any = sys.stdout) -> None:  # fmt: skip
-        self.recv = recv
-        self.to_tokenizer = to_tokenizer
-        self.sampling = sampling
+    def __init__(self, fm: FrontendManager, loop: asyncio.AbstractEventLoop, out: Any = sys.stdout,
+                 body: dict[str, Any] | None = None) -> None:  # fmt: skip
+        self.fm = fm
+        self.loop = loop
         self.out = out
+        self.body = body if body is not None else {"temperature": 0}  # fields of each turn's request
         self.history: list[dict[str, str]] = []
-        self._next_rid = 0
 
     def say(self, text: str, end: str = "\n") -> None:
         self.out.write(text + end)
@@ -60,36 +72,45 @@ class ChatShell:
 
     def turn(self, text: str) -> None:
         """Send the conversation plus `text`; stream the answer; keep both in the history."""
-        rid = self._next_rid
-        self._next_rid += 1
         self.history.append({"role": "user", "content": text})
-        self.to_tokenizer.put(TokenizeMsg(rid, ChatPrompt(list(self.history)), self.sampling, False, []))
         answer: list[str] = []
+        task = self.loop.create_task(self._ask(answer))
         try:
-            while True:
-                msg = self.recv.get()
-                if isinstance(msg, ErrorMsg) and msg.rid == rid:
-                    self.say(f"error: {msg.message}")
-                    self.history.pop()
-                    return
-                if not isinstance(msg, TextDeltaMsg):
-                    continue
-                finished = False
-                for delta in msg.deltas:
-                    if delta.rid != rid:
-                        continue  # a late reply of an interrupted turn
-                    answer.append(delta.text)
-                    self.say(delta.text, end="")
-                    finished = finished or delta.finish_reason is not None
-                if finished:
-                    break
+            error = self.loop.run_until_complete(task)
         except KeyboardInterrupt:
-            self.to_tokenizer.put(AbortMsg(rid))
+            task.cancel()  # its `finally` releases the inbox: the request is aborted
+            self.loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
             self.say(" [stopped]", end="")
+            error = None
+        if error is not None:
+            self.say(f"error: {error}")
+            self.history.pop()
+            return
         self.say("")
         self.history.append({"role": "assistant", "content": "".join(answer)})
 
-    def loop(self, banner: str = "minisgl chat") -> None:
+    async def _ask(self, answer: list[str]) -> str | None:
+        """One chat completion, streamed into `answer`; the error message if it was refused."""
+        body = {**self.body, "messages": list(self.history), "stream": True}
+        try:
+            req: ChatCompletionRequest = parse_request(ChatCompletionRequest, json.dumps(body).encode())
+            sampling, explicit = req.sampling(MAX_ANSWER_TOKENS)
+        except RequestError as exc:
+            return str(exc)
+        inbox = self.fm.open(req.n)
+        try:
+            await self.fm.submit(chat_msgs(req, inbox.rids, sampling, explicit))
+            async for replies in self.fm.replies(inbox):
+                for reply in replies:
+                    if isinstance(reply, ErrorMsg):
+                        return reply.message
+                    answer.append(reply.text)
+                    self.say(reply.text, end="")
+            return None
+        finally:
+            self.fm.release(inbox)
+
+    def loop_forever(self, banner: str = "minisgl chat") -> None:
         self.say(f"{banner}. {HELP}")
         while True:
             try:
@@ -109,13 +130,12 @@ class ChatShell:
             self.turn(line)
 
 
-def run_shell(procs: ServiceProcesses, served: str) -> int:
+def run_shell(procs: Service, served: str) -> int:
     """Chat with the service's workers until the user leaves; returns the exit code."""
     import os
 
-    addrs = procs.frontend_addrs
-    recv: ZmqPullQueue[object] = ZmqPullQueue(addrs.recv)
-    to_tokenizer: ZmqPushQueue[object] = ZmqPushQueue(addrs.tokenizer)
+    loop = asyncio.new_event_loop()
+    fm = FrontendManager(procs.frontend_addrs)
 
     def on_death(name: str) -> None:
         sys.stderr.write(f"\nminisgl: error: the {name} process died; leaving the shell\n")
@@ -123,11 +143,14 @@ def run_shell(procs: ServiceProcesses, served: str) -> int:
         procs.shutdown(grace=1.0)
         os._exit(1)
 
+    async def start() -> None:
+        fm.start()
+
     procs.start_watchdog(on_death)
-    sampling = SamplingParams(temperature=0.0, max_tokens=MAX_ANSWER_TOKENS)
+    loop.run_until_complete(start())
     try:
-        ChatShell(recv, to_tokenizer, sampling).loop(f"minisgl chat with {served}")
+        ChatShell(fm, loop).loop_forever(f"minisgl chat with {served}")
     finally:
-        recv.close()
-        to_tokenizer.close()
+        loop.run_until_complete(fm.close())
+        loop.close()
     return 0

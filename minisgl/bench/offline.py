@@ -59,7 +59,7 @@ def run_minisgl(
     results = llm.generate(prompts, params, use_tqdm=not args.quiet)
     llm.engine.platform.synchronize()
     seconds = time.perf_counter() - start
-    out_tokens = sum(len(r["token_ids"]) for r in results)
+    out_tokens = sum(len(r.outputs[0].token_ids) for r in results)
     return _record("minisgl", out_tokens, seconds, prompts, extra={"device": str(llm.engine.device),
                    "dtype": str(llm.engine.dtype).removeprefix("torch."), "attn": llm.engine.attn_name,
                    "tp": args.tp, "retractions": llm.scheduler.num_retractions})

@@ -1,3 +1,4 @@
 from minisgl.llm.llm import LLM
+from minisgl.llm.outputs import CompletionOutput, Logprob, RequestOutput
 
-__all__ = ["LLM"]
+__all__ = ["LLM", "CompletionOutput", "Logprob", "RequestOutput"]

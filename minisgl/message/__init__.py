@@ -21,7 +21,7 @@ from minisgl.message.scheduler import AbortMsg, SchedulerMsg, ShutdownMsg, Stats
 from minisgl.message.tokenizer import (
     ChatPrompt,
     DetokenizeQueryMsg,
-    DetokRegisterMsg,
+    DetokFacts,
     FinishedMsg,
     Prompt,
     TextPrompt,
@@ -35,7 +35,7 @@ from minisgl.message.tokenizer import (
 __all__ = [
     "AbortMsg",
     "ChatPrompt",
-    "DetokRegisterMsg",
+    "DetokFacts",
     "DetokenizeQueryMsg",
     "DetokenizedMsg",
     "ErrorMsg",

@@ -125,6 +125,16 @@ def decode(data: bytes) -> Any:
     return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
 
 
+class WireCodec(NamedTuple):
+    """`encode` / `decode` as one value, for the process queues (`minisgl.utils.zmq.Codec`)."""
+
+    encode: Callable[[Any], bytes]
+    decode: Callable[[bytes], Any]
+
+
+WIRE = WireCodec(encode, decode)
+
+
 def _register_external() -> None:
     # Plain-data types defined below `message` that travel inside messages.
     from minisgl.core import SamplingParams

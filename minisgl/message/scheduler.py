@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from minisgl.core import SamplingParams
 from minisgl.message.codec import wire
+from minisgl.message.tokenizer import DetokFacts
 
 
 @wire(tag=20)
@@ -15,12 +16,14 @@ class TokenizedMsg:
 
     `max_tokens_explicit` is False when the client set no limit: `sampling.max_tokens` then only
     says "up to the end of the context", and the scheduler may lower it to what its KV pool can
-    ever hold instead of rejecting the request."""
+    ever hold instead of rejecting the request. `facts`: what the detokenizer needs; rank 0
+    forwards them on its output stream (None: plain decoding, no stop strings)."""
 
     rid: int
     input_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens_explicit: bool = True
+    facts: DetokFacts | None = None
 
 
 @wire(tag=21)

@@ -107,14 +107,17 @@ class FinishedMsg:
 
 @wire(tag=44)
 @dataclass(slots=True)
-class DetokRegisterMsg:
-    """Sent by the tokenizer before the request reaches the scheduler.
+class DetokFacts:
+    """What the detokenizer needs to know about a request, made by the tokenizer stage. It rides
+    on `TokenizedMsg` to the scheduler, whose rank 0 puts it on the request's first `TokenOutMsg`
+    (before any output of the request), so facts and tokens travel in one ordered stream.
 
     `prompt_tail_ids`: the last few prompt tokens, so the first output token decodes with the
     same spacing as it would in the full text. `stop`: strings that end the request (not emitted
     unless `include_stop`); they are looked for once `min_tokens` tokens exist. `stop_token_ids`:
     a request ended by one of them reports it as its stop reason, and its text is dropped unless
-    `include_stop`. `echo_ids`: the whole prompt, when its text goes back to the client."""
+    `include_stop`. `echo_ids`: the whole prompt, when its text goes back to the client.
+    `replica`: the `--dp` replica holding the request, where a stop string's abort goes."""
 
     rid: int
     prompt_tail_ids: list[int] = field(default_factory=list)
@@ -123,6 +126,7 @@ class DetokRegisterMsg:
     include_stop: bool = False
     min_tokens: int = 0
     echo_ids: list[int] = field(default_factory=list)
+    replica: int = 0
 
 
 @wire(tag=45)
@@ -147,6 +151,9 @@ class TokenOut:
 @wire(tag=46)
 @dataclass(slots=True)
 class TokenOutMsg:
-    """Everything one scheduler step produced, for all its requests: one message per step."""
+    """Everything one scheduler loop iteration produced, for all its requests: one message per
+    step. `new`: the facts of the requests admitted in this iteration, registered before `outs`
+    are decoded (a request's facts always come with or before its first output)."""
 
     outs: list[TokenOut] = field(default_factory=list)
+    new: list[DetokFacts] = field(default_factory=list)

@@ -1,8 +1,10 @@
 """The scheduler process: receive requests and aborts, run steps, send new tokens onward.
 
-Rank 0 of each replica receives from the tokenizer (requests, aborts, routed there by the
-tokenizer, which also forwards the detokenizer's stop-string aborts) and from the API server
-(stats queries). With tensor parallelism it relays the raw bytes it received to every other rank
+Rank 0 of each replica receives from the tokenizer (requests, and the API server's aborts routed
+there by the tokenizer), from the detokenizer (stop-string aborts) and from the API server (stats
+queries). It sends the detokenizer one `TokenOutMsg` per loop iteration: the facts of the
+requests it admitted (`DetokFacts`, from their `TokenizedMsg`), then the step's outputs, so the
+detokenizer knows a request before its first token on the same ordered stream. With tensor parallelism it relays the raw bytes it received to every other rank
 once per loop iteration, even when empty, so all ranks apply the same messages between the same
 steps and schedule identically. The relay is ZMQ PUSH -> PULL: each other rank binds where it
 can be reached (ipc on node 0, `tcp://IP:*` on other nodes) and publishes the bound address in
@@ -13,14 +15,14 @@ also tells the tokenizer's router which requests ended.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from minisgl.distributed.group import Rendezvous
 from minisgl.engine.config import EngineConfig
-from minisgl.message.codec import decode
+from minisgl.message.codec import WIRE
 from minisgl.message.frontend import ErrorMsg, StatsMsg
 from minisgl.message.scheduler import AbortMsg, ShutdownMsg, StatsReqMsg, TokenizedMsg
-from minisgl.message.tokenizer import FinishedMsg, TokenOut, TokenOutMsg
+from minisgl.message.tokenizer import DetokFacts, FinishedMsg, TokenOut, TokenOutMsg
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.utils.logging import get_logger
 from minisgl.utils.process import ReadyReporter
@@ -29,6 +31,7 @@ from minisgl.utils.zmq import ZmqPullQueue, ZmqPushQueue
 if TYPE_CHECKING:
     import torch.distributed as dist
 
+    from minisgl.engine.engine import Engine
     from minisgl.scheduler.scheduler import Scheduler
 
 logger = get_logger(__name__)
@@ -44,9 +47,19 @@ def relay_key(rank: int) -> str:
 @dataclass(frozen=True)
 class SchedulerAddrs:
     recv: str  # rank 0: requests from the tokenizer; other ranks: where relayed bytes arrive
-    detokenizer: str  # rank 0 sends TokenOutMsg / ErrorMsg here
-    frontend: str  # rank 0 answers stats queries here
+    detokenizer: str  # rank 0 sends TokenOutMsg here
+    frontend: str  # rank 0 answers stats queries and refuses requests here
     router: str | None = None  # rank 0 with --dp: the tokenizer, told which requests ended
+
+
+def build_scheduler(engine_config: EngineConfig, sched_config: SchedulerConfig) -> tuple[Engine, Scheduler]:
+    """The engine (loads the model) and the scheduler handed it; shared by the scheduler process
+    and the offline `LLM`."""
+    from minisgl.engine.engine import Engine
+    from minisgl.scheduler.scheduler import Scheduler
+
+    engine = Engine(replace(engine_config, max_running_requests=sched_config.max_running_requests))
+    return engine, Scheduler(engine, sched_config)
 
 
 class SchedulerLoop:
@@ -55,13 +68,13 @@ class SchedulerLoop:
     def __init__(self, scheduler: Scheduler, addrs: SchedulerAddrs, rank: int) -> None:
         self.scheduler = scheduler
         self.rank = rank
-        self.recv: ZmqPullQueue[object] = ZmqPullQueue(addrs.recv)
+        self.recv: ZmqPullQueue[object] = ZmqPullQueue(addrs.recv, WIRE)
         self.primary = rank == 0
         self.relay: list[ZmqPushQueue[object]] = []
-        self.to_detok: ZmqPushQueue[object] | None = ZmqPushQueue(addrs.detokenizer) if self.primary else None
-        self.to_frontend: ZmqPushQueue[object] | None = ZmqPushQueue(addrs.frontend) if self.primary else None
+        self.to_detok: ZmqPushQueue[object] | None = ZmqPushQueue(addrs.detokenizer, WIRE) if self.primary else None
+        self.to_frontend: ZmqPushQueue[object] | None = ZmqPushQueue(addrs.frontend, WIRE) if self.primary else None
         router = addrs.router if self.primary else None
-        self.to_router: ZmqPushQueue[object] | None = ZmqPushQueue(router) if router is not None else None
+        self.to_router: ZmqPushQueue[object] | None = ZmqPushQueue(router, WIRE) if router is not None else None
         self.running = True
         # Tokens the KV pool can hold at all: the ceiling of a request with no max_tokens.
         self.pool_tokens = scheduler.stats().total_pages * scheduler.page_size
@@ -75,7 +88,7 @@ class SchedulerLoop:
     def connect_relay(self, addrs: list[str]) -> None:
         """Rank 0: send every received message on to these ranks (the other ranks' `recv`)."""
         assert self.primary and not self.relay
-        self.relay = [ZmqPushQueue[object](addr) for addr in addrs]
+        self.relay = [ZmqPushQueue[object](addr, WIRE) for addr in addrs]
 
     def run(self) -> None:
         while self.running:
@@ -83,17 +96,18 @@ class SchedulerLoop:
 
     def run_once(self) -> None:
         outs: list[TokenOut] = []
+        new: list[DetokFacts] = []
         refused: list[int] = []
         for msg in self._receive():
-            self._handle(msg, outs, refused)
+            self._handle(msg, outs, new, refused)
         if self.scheduler.has_work():
             for out in self.scheduler.step():
                 if out.output_tokens == 1 and out.token_ids:
                     self.prompt_tokens += out.prompt_tokens
                     self.cached_tokens += out.cached_tokens
                 outs.append(out)
-        if outs and self.to_detok is not None:
-            self.to_detok.put(TokenOutMsg(outs))
+        if (outs or new) and self.to_detok is not None:
+            self.to_detok.put(TokenOutMsg(outs, new))
         if self.to_router is not None:
             ended = refused + [out.rid for out in outs if out.finish_reason is not None]
             if ended:
@@ -102,15 +116,15 @@ class SchedulerLoop:
     def _receive(self) -> list[object]:
         if not self.primary:
             frames = self.recv.get_raw_multipart()
-            return [decode(raw) for raw in frames[1:]]
+            return [self.recv.decode(raw) for raw in frames[1:]]
         raws = self.recv.drain_raw()
         if not raws and not self.scheduler.has_work():
             raws = [self.recv.get_raw()] + self.recv.drain_raw()  # idle: block for work
         for queue in self.relay:
             queue.put_raw([_RELAY_HEADER, *raws])
-        return [decode(raw) for raw in raws]
+        return [self.recv.decode(raw) for raw in raws]
 
-    def _handle(self, msg: object, outs: list[TokenOut], refused: list[int]) -> None:
+    def _handle(self, msg: object, outs: list[TokenOut], new: list[DetokFacts], refused: list[int]) -> None:
         if isinstance(msg, TokenizedMsg):
             self.requests += 1
             sampling = msg.sampling
@@ -120,10 +134,12 @@ class SchedulerLoop:
                     sampling = replace(sampling, max_tokens=room)
             try:
                 self.scheduler.add_request(msg.rid, msg.input_ids, sampling)
-            except ValueError as exc:
+            except ValueError as exc:  # the pool can never hold it: no output will follow
                 refused.append(msg.rid)
-                if self.to_detok is not None:
-                    self.to_detok.put(ErrorMsg(msg.rid, str(exc), 400))
+                if self.to_frontend is not None:
+                    self.to_frontend.put(ErrorMsg(msg.rid, str(exc), 400))
+                return
+            new.append(msg.facts if msg.facts is not None else DetokFacts(msg.rid))
         elif isinstance(msg, AbortMsg):
             if self.scheduler.abort(msg.rid):
                 self.aborted += 1
@@ -186,14 +202,10 @@ def run_scheduler(
     wire the relay, report ready, then serve until told to stop."""
     import torch
 
-    from minisgl.engine.engine import Engine
-    from minisgl.scheduler.scheduler import Scheduler
-
     engine_config, store = _join_group(engine_config, rdzv, device_index)
     rank, size = engine_config.tp_rank, engine_config.tp_size
     with torch.inference_mode():
-        engine = Engine(replace(engine_config, max_running_requests=sched_config.max_running_requests))
-        scheduler = Scheduler(engine, sched_config)
+        _, scheduler = build_scheduler(engine_config, sched_config)
         loop = SchedulerLoop(scheduler, addrs, rank)
         try:
             if store is not None and rank > 0:

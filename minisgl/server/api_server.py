@@ -11,7 +11,6 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,14 +18,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from minisgl.core import SamplingParams
-from minisgl.message.tokenizer import ChatPrompt, Prompt, TextPrompt, TokenizeMsg, TokenPrompt
+from minisgl.message.tokenizer import Prompt, TextPrompt, TokenizeMsg, TokenPrompt
 from minisgl.server.access import install_access
 from minisgl.server.anthropic_api import add_anthropic_routes
 from minisgl.server.chat_protocol import ChatCompletionRequest
 from minisgl.server.choice import ChoiceOptions
 from minisgl.server.frontend import FrontendManager
 from minisgl.server.protocol import CompletionRequest, GenerateRequest, RequestError, parse_request
+from minisgl.server.request_msgs import chat_msgs, completion_msgs
 from minisgl.server.responses import ResponseBuilder, error_response
 from minisgl.server.session import Session, respond, respond_native
 from minisgl.server.state import AppState
@@ -38,11 +37,6 @@ __all__ = ["AppState", "create_app"]
 logger = get_logger(__name__)
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-
-
-def _seeded(sampling: SamplingParams, i: int) -> SamplingParams:
-    # n > 1 with a seed: give each choice its own (reproducible) stream.
-    return sampling if sampling.seed is None or i == 0 else replace(sampling, seed=sampling.seed + i)
 
 
 def create_app(state: AppState) -> FastAPI:
@@ -83,10 +77,7 @@ def create_app(state: AppState) -> FastAPI:
         req: ChatCompletionRequest = parse_request(ChatCompletionRequest, await request.body())
         sampling, explicit = req.sampling(state.context_len)
         inbox = state.fm.open(req.n, notify_each=req.stream)
-        prompt = ChatPrompt(req.messages, req.prompt_tools(), dict(req.chat_template_kwargs or {}))
-        msgs = [TokenizeMsg(rid, prompt, _seeded(sampling, i), explicit, req.stop_list(),
-                            include_stop=req.include_stop_str_in_output)
-                for i, rid in enumerate(inbox.rids)]  # fmt: skip
+        msgs = chat_msgs(req, inbox.rids, sampling, explicit)
         session = Session(state.fm, request, inbox)
         await session.submit(msgs)
         options = ChoiceOptions(tool_mode=req.tool_mode, tool_names=tuple(req.tool_names),
@@ -103,9 +94,7 @@ def create_app(state: AppState) -> FastAPI:
         raw = req.prompts()
         prompts: list[Prompt] = [TextPrompt(p) if isinstance(p, str) else TokenPrompt(p) for p in raw]
         inbox = state.fm.open(len(prompts) * req.n, notify_each=req.stream)
-        msgs = [TokenizeMsg(rid, prompts[i // req.n], _seeded(sampling, i % req.n), explicit, req.stop_list(),
-                            include_stop=req.include_stop_str_in_output, echo=req.echo)
-                for i, rid in enumerate(inbox.rids)]  # fmt: skip
+        msgs = completion_msgs(req, prompts, inbox.rids, sampling, explicit)
         session = Session(state.fm, request, inbox)
         await session.submit(msgs)
         options = ChoiceOptions(logprobs=req.logprobs is not None, echo=req.echo)

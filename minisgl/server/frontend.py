@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
-from minisgl.message.codec import encode
+from minisgl.message.codec import WIRE
 from minisgl.message.frontend import (
     DetokenizedMsg,
     ErrorMsg,
@@ -50,15 +50,14 @@ class ReplyObserver(Protocol):
 _OUT_OF_RANGE = "A number in the request is out of range"
 
 
-def _encodable(msgs: Sequence[object]) -> bool:
-    """Whether every message fits on the wire: msgpack carries no integer beyond 64 bits, and
-    such a value in a request is the client's error, not an internal one."""
+def _encoded(msgs: Sequence[object]) -> list[bytes] | None:
+    """Every message encoded, or None when one does not fit on the wire: msgpack carries no
+    integer beyond 64 bits, and such a value in a request is the client's error, not an internal
+    one. The bytes are what is sent (one encode per message)."""
     try:
-        for msg in msgs:
-            encode(msg)
+        return [WIRE.encode(msg) for msg in msgs]
     except (TypeError, ValueError, OverflowError):
-        return False
-    return True
+        return None
 
 
 @dataclass(frozen=True)
@@ -120,9 +119,9 @@ class Inbox:
 
 class FrontendManager:
     def __init__(self, addrs: FrontendAddrs, observer: ReplyObserver | None = None) -> None:
-        self.recv: ZmqAsyncPullQueue[object] = ZmqAsyncPullQueue(addrs.recv)
-        self.to_tokenizer: ZmqAsyncPushQueue[object] = ZmqAsyncPushQueue(addrs.tokenizer)
-        self.to_schedulers = [ZmqAsyncPushQueue[object](addr) for addr in addrs.schedulers]
+        self.recv: ZmqAsyncPullQueue[object] = ZmqAsyncPullQueue(addrs.recv, WIRE)
+        self.to_tokenizer: ZmqAsyncPushQueue[object] = ZmqAsyncPushQueue(addrs.tokenizer, WIRE)
+        self.to_schedulers = [ZmqAsyncPushQueue[object](addr, WIRE) for addr in addrs.schedulers]
         self._rids = itertools.count()
         self._query_ids = itertools.count()
         self._inboxes: dict[int, Inbox] = {}
@@ -192,12 +191,13 @@ class FrontendManager:
             for msg in msgs:
                 self._inboxes[msg.rid].push(ErrorMsg(msg.rid, self.dead, 503))
             return
-        if not _encodable(msgs):
+        encoded = _encoded(msgs)
+        if encoded is None:
             for msg in msgs:
                 self._inboxes[msg.rid].push(ErrorMsg(msg.rid, _OUT_OF_RANGE, 400))
             return
-        for msg in msgs:
-            await self.to_tokenizer.put(msg)
+        for data in encoded:
+            await self.to_tokenizer.put_encoded(data)
 
     async def replies(self, inbox: Inbox) -> AsyncIterator[list[Reply]]:
         """Batches of replies until every rid of the inbox has finished (or failed)."""
@@ -227,13 +227,13 @@ class FrontendManager:
                     replica: int = 0) -> QueryReply:  # fmt: skip
         """Send `make(query_id)` to the tokenizer (or rank 0 of `replica`) and await its answer."""
         query = next(self._query_ids)
-        msg = make(query)
-        if not _encodable([msg]):
+        encoded = _encoded([make(query)])
+        if encoded is None:
             return QueryErrorMsg(query, _OUT_OF_RANGE)
         future: asyncio.Future[QueryReply] = asyncio.get_running_loop().create_future()
         self._queries[query] = future
         try:
-            await (self.to_tokenizer if to_tokenizer else self.to_schedulers[replica]).put(msg)
+            await (self.to_tokenizer if to_tokenizer else self.to_schedulers[replica]).put_encoded(encoded[0])
             return await asyncio.wait_for(future, timeout)
         finally:
             self._queries.pop(query, None)

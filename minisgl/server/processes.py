@@ -71,12 +71,11 @@ class ServiceProcesses:
                                router=a["tokenizer"] if dp > 1 else None)  # fmt: skip
         self._add_schedulers(model_dir, sched, heads)
         if config.parallel.is_head:
-            tok = TokenizerAddrs(recv=a["tokenizer"], schedulers=heads, detokenizer=a["detokenizer"],
-                                 frontend=a["frontend"])  # fmt: skip
+            tok = TokenizerAddrs(recv=a["tokenizer"], schedulers=heads, frontend=a["frontend"])
             self._specs.append(("tokenizer", run_tokenizer, dict(model_dir=model_dir, context_len=context_len,
                                                                  addrs=tok)))  # fmt: skip
-            # Stop-string aborts go through the tokenizer, which knows each request's replica.
-            detok = DetokenizerAddrs(recv=a["detokenizer"], scheduler=a["tokenizer"], frontend=a["frontend"])
+            # Stop-string aborts go straight to rank 0 of the request's replica.
+            detok = DetokenizerAddrs(recv=a["detokenizer"], schedulers=heads, frontend=a["frontend"])
             self._specs.append(("detokenizer", run_detokenizer, dict(model_dir=model_dir, addrs=detok)))
         self.children: list[Child] = []
         # The shell keeps the terminal for the conversation: workers only log warnings there.

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from minisgl.core import SamplingParams
+from minisgl.core import SamplingError, SamplingParams
 
 
 class RequestError(ValueError):
@@ -211,9 +211,8 @@ class _SamplingFields(_Strict):
                 json_object=json_object,
                 regex=self.regex,
             )
-        except ValueError as exc:  # what the field validators cannot see alone
-            first = str(exc).split(" ", 1)[0]
-            raise RequestError(str(exc), first if first in type(self).model_fields else None) from None
+        except SamplingError as exc:  # SamplingParams is the one check of these values
+            raise RequestError(str(exc), exc.param if exc.param in type(self).model_fields else None) from None
         return params, given is not None
 
     @property

@@ -1,8 +1,8 @@
 """The detokenizer process: scheduler token ids -> text deltas for the API server.
 
-One `TokenOutMsg` (one scheduler step, many requests) becomes one `TextDeltaMsg`, decoded with a
-single batched call. A request that hits a stop string is finished here and aborted in the
-scheduler.
+One `TokenOutMsg` (one scheduler step, many requests, with the facts of the requests it admitted)
+becomes one `TextDeltaMsg`, decoded with a single batched call. A request that hits a stop string
+is finished here and aborted straight at rank 0 of the replica that holds it.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minisgl.message.frontend import ErrorMsg, TextDeltaMsg
+from minisgl.message.codec import WIRE
+from minisgl.message.frontend import TextDeltaMsg
 from minisgl.message.scheduler import AbortMsg, ShutdownMsg
-from minisgl.message.tokenizer import DetokRegisterMsg, TokenOutMsg
+from minisgl.message.tokenizer import TokenOutMsg
 from minisgl.tokenizer.incremental import BatchDecode, DetokResult, IncrementalDetokenizer
 from minisgl.tokenizer.token_text import TokenText, fast_token_text, slow_token_text
 from minisgl.utils.logging import get_logger
@@ -26,7 +27,7 @@ logger = get_logger(__name__)
 @dataclass(frozen=True)
 class DetokenizerAddrs:
     recv: str
-    scheduler: str  # stop-string aborts
+    schedulers: tuple[str, ...]  # rank 0 of each replica: stop-string aborts
     frontend: str
 
 
@@ -58,28 +59,22 @@ def make_decoders(model_dir: str) -> tuple[BatchDecode, TokenText]:
 
 def run_detokenizer(model_dir: str, addrs: DetokenizerAddrs, ready: ReadyReporter) -> None:
     """Process entry point."""
-    recv: ZmqPullQueue[object] = ZmqPullQueue(addrs.recv)
-    to_sched: ZmqPushQueue[object] = ZmqPushQueue(addrs.scheduler)
-    to_front: ZmqPushQueue[object] = ZmqPushQueue(addrs.frontend)
+    recv: ZmqPullQueue[object] = ZmqPullQueue(addrs.recv, WIRE)
+    to_scheds: list[ZmqPushQueue[object]] = [ZmqPushQueue(addr, WIRE) for addr in addrs.schedulers]
+    to_front: ZmqPushQueue[object] = ZmqPushQueue(addrs.frontend, WIRE)
     detok = IncrementalDetokenizer(*make_decoders(model_dir))
     ready.ready()
 
     def send(result: DetokResult) -> None:
         for rid in result.aborts:
-            to_sched.put(AbortMsg(rid))
+            to_scheds[detok.replica_of(rid)].put(AbortMsg(rid))
         if result.deltas:
             to_front.put(TextDeltaMsg(result.deltas))
-        for err in result.errors:
-            to_front.put(err)
 
     while True:
         msg = recv.get()
         if isinstance(msg, TokenOutMsg):
-            send(detok.process(msg.outs))
-        elif isinstance(msg, DetokRegisterMsg):
-            send(detok.register(msg))
-        elif isinstance(msg, ErrorMsg):
-            send(detok.fail(msg))
+            send(detok.handle(msg))
         elif isinstance(msg, ShutdownMsg):
             break
         else:

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from minisgl.core import FinishReason
-from minisgl.message.frontend import ErrorMsg, TextDelta, TokenLogprob
-from minisgl.message.tokenizer import DetokRegisterMsg, TokenOut
+from minisgl.message.frontend import TextDelta, TokenLogprob
+from minisgl.message.tokenizer import DetokFacts, TokenOut, TokenOutMsg
 from minisgl.tokenizer.token_text import TokenText, logprob_entries
 from minisgl.utils.logging import get_logger
 
@@ -30,7 +30,6 @@ logger = get_logger(__name__)
 BatchDecode = Callable[[list[list[int]]], list[str]]
 
 PROMPT_TAIL = 5  # prompt tokens kept as left context of the first decode window
-_MAX_PENDING = 10_000
 
 
 class StopFilter:
@@ -81,6 +80,7 @@ class DecodeState:
     stop: StopFilter
     stop_token_ids: frozenset[int] = frozenset()
     min_tokens: int = 0
+    replica: int = 0
     echo_ids: list[int] | None = None  # the prompt, until its text went out (echo requests)
     unsent_ids: list[int] = field(default_factory=list)  # token ids not yet reported in a delta
     unsent_logprobs: list[TokenLogprob] | None = None  # their logprobs (requests that asked)
@@ -90,49 +90,46 @@ class DecodeState:
 @dataclass(slots=True)
 class DetokResult:
     deltas: list[TextDelta] = field(default_factory=list)
-    errors: list[ErrorMsg] = field(default_factory=list)
     aborts: list[int] = field(default_factory=list)  # rids finished by a stop string: abort them
 
 
 class IncrementalDetokenizer:
-    """All live requests of the detokenizer process."""
+    """All live requests of one detokenizer (the process's, or an offline `LLM`'s).
 
-    def __init__(self, batch_decode: BatchDecode, token_text: TokenText | None = None) -> None:
+    A request's facts (`register`) arrive in the same ordered stream as its outputs and before
+    the first of them, so an output of an unknown request is one that ended already."""
+
+    def __init__(self, batch_decode: BatchDecode | None, token_text: TokenText | None = None) -> None:
+        """`batch_decode` None: a model without a tokenizer; deltas carry token ids (and
+        logprobs) only, at the end of each request, with no per-step decoding."""
         self._decode = batch_decode
         self._token_text = token_text or self._text_by_decode
         self.states: dict[int, DecodeState] = {}
-        # Finished by a stop string; waiting for the scheduler's own final output, then dropped.
-        self.stopped: set[int] = set()
-        # Outputs that raced ahead of their DetokRegisterMsg (different sockets); rare.
-        self.pending: dict[int, list[TokenOut | ErrorMsg]] = {}
+        # Finished by a stop string (rid -> replica); waiting for the scheduler's own final
+        # output, then dropped.
+        self.stopped: dict[int, int] = {}
 
-    def register(self, msg: DetokRegisterMsg) -> DetokResult:
-        tail = msg.prompt_tail_ids[-PROMPT_TAIL:]
-        self.states[msg.rid] = DecodeState(
-            ids=list(tail), prefix_offset=0, read_offset=len(tail), stop=StopFilter(msg.stop, msg.include_stop),
-            stop_token_ids=frozenset(msg.stop_token_ids),
-            min_tokens=msg.min_tokens, echo_ids=list(msg.echo_ids) or None,
+    def register(self, facts: DetokFacts) -> None:
+        tail = facts.prompt_tail_ids[-PROMPT_TAIL:]
+        self.states[facts.rid] = DecodeState(
+            ids=list(tail), prefix_offset=0, read_offset=len(tail), stop=StopFilter(facts.stop, facts.include_stop),
+            stop_token_ids=frozenset(facts.stop_token_ids), min_tokens=facts.min_tokens, replica=facts.replica,
+            echo_ids=list(facts.echo_ids) or None,
         )  # fmt: skip
-        early = self.pending.pop(msg.rid, None)
-        if not early:
-            return DetokResult()
-        outs = [m for m in early if isinstance(m, TokenOut)]
-        result = self.process(outs)
-        for err in (m for m in early if isinstance(m, ErrorMsg)):
-            self._merge(result, self.fail(err))
-        return result
 
-    def fail(self, err: ErrorMsg) -> DetokResult:
-        """The scheduler rejected the request: drop its state, pass the error on."""
-        if err.rid in self.states:
-            del self.states[err.rid]
-        elif err.rid not in self.stopped:
-            self._park(err.rid, err)
-            return DetokResult()
-        self.stopped.discard(err.rid)
-        return DetokResult(errors=[err])
+    def handle(self, msg: TokenOutMsg) -> DetokResult:
+        """One scheduler iteration: register the new requests, then decode every output."""
+        for facts in msg.new:
+            self.register(facts)
+        return self.process(msg.outs)
+
+    def replica_of(self, rid: int) -> int:
+        """The replica of a request this detokenizer finished by a stop string."""
+        return self.stopped.get(rid, 0)
 
     def process(self, outs: list[TokenOut]) -> DetokResult:
+        if self._decode is None:
+            return self._process_ids(outs)
         result = DetokResult()
         live: list[tuple[TokenOut, DecodeState]] = []
         for out in outs:
@@ -146,9 +143,9 @@ class IncrementalDetokenizer:
                 live.append((out, state))
             elif out.rid in self.stopped:
                 if out.finish_reason is not None:
-                    self.stopped.discard(out.rid)
+                    del self.stopped[out.rid]
             else:
-                self._park(out.rid, out)
+                logger.debug("detokenizer: output of request %d, which has ended", out.rid)
         if not live:
             return result
         windows: list[list[int]] = []
@@ -159,6 +156,21 @@ class IncrementalDetokenizer:
         for i, (out, state) in enumerate(live):
             new_text = self._advance(state, texts[2 * i], texts[2 * i + 1], out.finish_reason is not None)
             self._emit(result, out, state, new_text)
+        return result
+
+    def _process_ids(self, outs: list[TokenOut]) -> DetokResult:
+        """Without a tokenizer: collect ids (and logprobs); one delta per request, at its end."""
+        result = DetokResult()
+        states = self.states
+        for out in outs:
+            state = states.get(out.rid)
+            if state is None:
+                continue
+            state.unsent_ids += out.token_ids
+            if out.logprobs is not None or out.prompt_logprobs is not None:
+                self._add_logprobs(state, out)
+            if out.finish_reason is not None:
+                self._emit(result, out, state, "")
         return result
 
     @staticmethod
@@ -184,7 +196,7 @@ class IncrementalDetokenizer:
             finish, stop_reason = "stop", matched
             if out.finish_reason is None:
                 result.aborts.append(out.rid)
-                self.stopped.add(out.rid)
+                self.stopped[out.rid] = state.replica
         elif finish is not None:
             text += state.stop.flush()
             stop_reason = self._stop_token(state, out)
@@ -203,7 +215,7 @@ class IncrementalDetokenizer:
             logprobs=state.unsent_logprobs,
         )
         if echo and state.echo_ids is not None:
-            delta.prompt_text = self._decode([state.echo_ids])[0]
+            delta.prompt_text = self._decode([state.echo_ids])[0] if self._decode is not None else ""
             delta.prompt_logprobs = state.prompt_logprobs
             state.echo_ids = state.prompt_logprobs = None
         result.deltas.append(delta)
@@ -227,17 +239,5 @@ class IncrementalDetokenizer:
             state.prompt_logprobs = logprob_entries(self._token_text, state.echo_ids, out.prompt_logprobs)
 
     def _text_by_decode(self, token_id: int) -> tuple[str, bytes]:
-        text = self._decode([[token_id]])[0]
+        text = self._decode([[token_id]])[0] if self._decode is not None else ""
         return text, text.encode()
-
-    def _park(self, rid: int, item: TokenOut | ErrorMsg) -> None:
-        if len(self.pending) >= _MAX_PENDING:
-            logger.warning("detokenizer: dropping output of unknown request %d", rid)
-            return
-        self.pending.setdefault(rid, []).append(item)
-
-    @staticmethod
-    def _merge(into: DetokResult, other: DetokResult) -> None:
-        into.deltas.extend(other.deltas)
-        into.errors.extend(other.errors)
-        into.aborts.extend(other.aborts)

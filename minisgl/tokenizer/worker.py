@@ -1,25 +1,29 @@
 """The tokenizer process: chat template, tokenization and request validation.
 
 For each `TokenizeMsg` it either rejects the request (`ErrorMsg` straight to the API server) or
-registers it with the detokenizer (stop strings, prompt tail) and then sends `TokenizedMsg` to the
-scheduler of the replica the router picks (`router.py`; one replica without `--dp`). Aborts, the
-API server's and the detokenizer's (stop strings), are forwarded to the request's replica on the
-same socket as the requests, so a scheduler always sees a request before its abort.
+sends `TokenizedMsg`, carrying what the detokenizer needs to know (`DetokFacts`: stop strings,
+prompt tail, replica), to the scheduler of the replica the router picks (`router.py`; one replica
+without `--dp`). The API server's aborts are forwarded to the request's replica on the same
+socket as the requests, so a scheduler always sees a request before its abort.
+
+`RequestTokenizer` is the whole request logic (template, validation, context fit); the offline
+`LLM` calls the same object in-process.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from minisgl.core import SamplingParams
+from minisgl.message.codec import WIRE
 from minisgl.message.frontend import DetokenizedMsg, ErrorMsg, QueryErrorMsg, QueryReply, TokensMsg
 from minisgl.message.scheduler import AbortMsg, ShutdownMsg, TokenizedMsg
 from minisgl.message.tokenizer import (
     ChatPrompt,
     DetokenizeQueryMsg,
-    DetokRegisterMsg,
+    DetokFacts,
     FinishedMsg,
     Prompt,
     TextPrompt,
@@ -41,14 +45,20 @@ logger = get_logger(__name__)
 class TokenizerAddrs:
     recv: str  # requests, queries and aborts; with --dp also the replicas' `FinishedMsg`
     schedulers: tuple[str, ...]  # rank 0 of each replica
-    detokenizer: str
     frontend: str
 
 
 class PromptError(ValueError):
+    """A request its prompt makes invalid (HTTP 400 naming `param`)."""
+
     def __init__(self, message: str, param: str | None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class Tokenized(NamedTuple):
+    msg: TokenizedMsg  # for the scheduler, with the detokenizer's facts
+    prompt_text: str | None  # the text the ids came from (templated for chats; None for ids)
 
 
 def load_hf_tokenizer(model_dir: str) -> Any:
@@ -66,19 +76,23 @@ class RequestTokenizer:
         self.vocab_size = vocab_size
         self.chat = ChatRenderer(tokenizer)
 
-    def handle(self, msg: TokenizeMsg) -> tuple[DetokRegisterMsg, TokenizedMsg] | ErrorMsg:
-        param = "messages" if isinstance(msg.prompt, ChatPrompt) else "prompt"
+    def handle(self, msg: TokenizeMsg) -> TokenizedMsg | ErrorMsg:
         try:
-            self._check_token_ids(msg.sampling)
-            ids = self.encode(msg.prompt)
-            sampling = self._fit(msg, len(ids), param)
+            return self.tokenize(msg).msg
         except PromptError as exc:
             return ErrorMsg(msg.rid, str(exc), 400, exc.param)
-        register = DetokRegisterMsg(
+
+    def tokenize(self, msg: TokenizeMsg) -> Tokenized:
+        """The validated request, or PromptError."""
+        param = "messages" if isinstance(msg.prompt, ChatPrompt) else "prompt"
+        self._check_token_ids(msg.sampling)
+        ids, text = self._encode(msg.prompt)
+        sampling = self._fit(msg, len(ids), param)
+        facts = DetokFacts(
             msg.rid, ids[-PROMPT_TAIL:], list(msg.stop), stop_token_ids=list(sampling.stop_token_ids),
             include_stop=msg.include_stop, min_tokens=sampling.min_tokens, echo_ids=ids if msg.echo else [],
         )  # fmt: skip
-        return register, TokenizedMsg(msg.rid, ids, sampling, msg.max_tokens_explicit)
+        return Tokenized(TokenizedMsg(msg.rid, ids, sampling, msg.max_tokens_explicit, facts), text)
 
     def query(self, msg: TokenizeQueryMsg | DetokenizeQueryMsg) -> QueryReply:
         """`/tokenize` and `/detokenize`."""
@@ -91,6 +105,8 @@ class RequestTokenizer:
             return QueryErrorMsg(msg.query_id, str(exc), exc.param)
 
     def _check_range(self, ids: list[int], param: str) -> None:
+        if not ids or (min(ids) >= 0 and max(ids) < self.vocab_size):  # the common case, at C speed
+            return
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise PromptError(f"token id {bad[0]} is out of range [0, {self.vocab_size})", param)
@@ -100,20 +116,28 @@ class RequestTokenizer:
         self._check_range(sampling.stop_token_ids, "stop_token_ids")
 
     def encode(self, prompt: Prompt, add_special_tokens: bool = True, allow_empty: bool = False) -> list[int]:
+        return self._encode(prompt, add_special_tokens, allow_empty)[0]
+
+    def _encode(
+        self, prompt: Prompt, add_special_tokens: bool = True, allow_empty: bool = False
+    ) -> tuple[list[int], str | None]:
+        text: str | None
         if isinstance(prompt, TextPrompt):
-            ids = list(self.tokenizer.encode(prompt.text, add_special_tokens=add_special_tokens))
+            text = prompt.text
+            ids = list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
             param = "prompt"
         elif isinstance(prompt, ChatPrompt):
-            ids = list(self.tokenizer.encode(self.render_chat(prompt), add_special_tokens=False))
+            text = self.render_chat(prompt)
+            ids = list(self.tokenizer.encode(text, add_special_tokens=False))
             param = "messages"
         else:
             assert isinstance(prompt, TokenPrompt)
-            ids = list(prompt.input_ids)
+            text, ids = None, list(prompt.input_ids)
             self._check_range(ids, "prompt")
             param = "prompt"
         if not ids and not allow_empty:
             raise PromptError("the prompt is empty", param)
-        return ids
+        return ids, text
 
     def render_chat(self, prompt: ChatPrompt) -> str:
         try:
@@ -121,7 +145,7 @@ class RequestTokenizer:
         except ChatTemplateError as exc:
             raise PromptError(str(exc), "messages") from None
 
-    def _fit(self, msg: TokenizeMsg, prompt_len: int, param: str) -> Any:
+    def _fit(self, msg: TokenizeMsg, prompt_len: int, param: str) -> SamplingParams:
         ctx = self.context_len
         if prompt_len >= ctx:
             raise PromptError(
@@ -150,11 +174,10 @@ class RequestTokenizer:
 
 def run_tokenizer(model_dir: str, context_len: int, addrs: TokenizerAddrs, ready: ReadyReporter) -> None:
     """Process entry point."""
-    recv: ZmqPullQueue[object] = ZmqPullQueue(addrs.recv)
-    to_scheds: list[ZmqPushQueue[object]] = [ZmqPushQueue(addr) for addr in addrs.schedulers]
+    recv: ZmqPullQueue[object] = ZmqPullQueue(addrs.recv, WIRE)
+    to_scheds: list[ZmqPushQueue[object]] = [ZmqPushQueue(addr, WIRE) for addr in addrs.schedulers]
     router = ReplicaRouter(len(to_scheds))
-    to_detok: ZmqPushQueue[object] = ZmqPushQueue(addrs.detokenizer)
-    to_front: ZmqPushQueue[object] = ZmqPushQueue(addrs.frontend)
+    to_front: ZmqPushQueue[object] = ZmqPushQueue(addrs.frontend, WIRE)
     tokenizer = load_hf_tokenizer(model_dir)
     vocab = _vocab_size(model_dir, tokenizer)
     worker = RequestTokenizer(tokenizer, context_len, vocab)
@@ -166,10 +189,10 @@ def run_tokenizer(model_dir: str, context_len: int, addrs: TokenizerAddrs, ready
             if isinstance(result, ErrorMsg):
                 to_front.put(result)
             else:
-                register, tokenized = result
-                to_detok.put(register)  # before the scheduler can produce output for it
-                replica = router.assign(msg.rid, len(tokenized.input_ids) + tokenized.sampling.max_tokens)
-                to_scheds[replica].put(tokenized)
+                replica = router.assign(msg.rid, len(result.input_ids) + result.sampling.max_tokens)
+                if replica and result.facts is not None:
+                    result.facts.replica = replica
+                to_scheds[replica].put(result)
         elif isinstance(msg, (TokenizeQueryMsg, DetokenizeQueryMsg)):
             to_front.put(worker.query(msg))
         elif isinstance(msg, AbortMsg):

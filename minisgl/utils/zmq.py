@@ -1,7 +1,9 @@
 """Typed one-way queues over ZMQ PUSH/PULL sockets, in a blocking and an asyncio flavour.
 
-Every queue carries wire messages (see `minisgl.message.codec`). The receiving side binds, the
-senders connect, so several processes can feed one receiver. Addresses are `ipc://` paths in a
+Every queue carries messages through the `Codec` it is given (the wire codec of
+`minisgl.message.codec` in practice; this module knows nothing of messages). A sender may also
+pass bytes it encoded itself (`put_encoded`), so a message is encoded once. The receiving side
+binds, the senders connect, so several processes can feed one receiver. Addresses are `ipc://` paths in a
 directory made fresh for each launch (`IpcDir`), so two services on one machine never collide;
 scheduler ranks on other nodes bind `tcp://IP:*` (any free port) and publish `endpoint`.
 """
@@ -11,14 +13,20 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import zmq
 import zmq.asyncio
 
-from minisgl.message.codec import decode, encode
-
 T = TypeVar("T")
+
+
+class Codec(Protocol):
+    """Messages <-> bytes (e.g. `minisgl.message.codec.WIRE`)."""
+
+    def encode(self, obj: Any, /) -> bytes: ...
+
+    def decode(self, data: bytes, /) -> Any: ...
 
 _BLOCK_SLICE_MS = 200
 _SYNC_CTX: zmq.Context | None = None
@@ -71,12 +79,16 @@ def _make(ctx: Any, kind: int, addr: str, bind: bool) -> Any:
 class ZmqPushQueue(Generic[T]):
     """Blocking sender. `bind=False` (the default) connects to a receiver that binds."""
 
-    def __init__(self, addr: str, bind: bool = False) -> None:
+    def __init__(self, addr: str, codec: Codec, bind: bool = False) -> None:
         self.addr = addr
+        self._encode = codec.encode
         self._sock = _make(_sync_ctx(), zmq.PUSH, addr, bind)
 
     def put(self, msg: T) -> None:
-        self._sock.send(encode(msg), copy=False)
+        self._sock.send(self._encode(msg), copy=False)
+
+    def put_encoded(self, data: bytes) -> None:
+        self._sock.send(data, copy=False)
 
     def put_raw(self, frames: list[bytes]) -> None:
         """Send already-encoded messages as one multipart message (used to relay to TP ranks)."""
@@ -89,8 +101,9 @@ class ZmqPushQueue(Generic[T]):
 class ZmqPullQueue(Generic[T]):
     """Blocking receiver; binds by default."""
 
-    def __init__(self, addr: str, bind: bool = True) -> None:
+    def __init__(self, addr: str, codec: Codec, bind: bool = True) -> None:
         self.addr = addr
+        self._decode = codec.decode
         self._sock = _make(_sync_ctx(), zmq.PULL, addr, bind)
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
@@ -110,7 +123,12 @@ class ZmqPullQueue(Generic[T]):
 
     def get(self) -> T:
         self._wait_readable()
-        msg: T = decode(self._sock.recv(copy=True))
+        msg: T = self._decode(self._sock.recv(copy=True))
+        return msg
+
+    def decode(self, raw: bytes) -> T:
+        """A message taken with `get_raw` / `drain_raw`."""
+        msg: T = self._decode(raw)
         return msg
 
     def get_raw(self) -> bytes:
@@ -129,7 +147,7 @@ class ZmqPullQueue(Generic[T]):
 
     def get_nowait(self) -> T | None:
         try:
-            msg: T = decode(self._sock.recv(zmq.NOBLOCK, copy=True))
+            msg: T = self._decode(self._sock.recv(zmq.NOBLOCK, copy=True))
         except zmq.Again:
             return None
         return msg
@@ -148,30 +166,35 @@ class ZmqPullQueue(Generic[T]):
 
 
 class ZmqAsyncPushQueue(Generic[T]):
-    def __init__(self, addr: str, bind: bool = False) -> None:
+    def __init__(self, addr: str, codec: Codec, bind: bool = False) -> None:
         self.addr = addr
+        self._encode = codec.encode
         self._sock = _make(_async_ctx(), zmq.PUSH, addr, bind)
 
     async def put(self, msg: T) -> None:
-        await self._sock.send(encode(msg), copy=False)
+        await self._sock.send(self._encode(msg), copy=False)
+
+    async def put_encoded(self, data: bytes) -> None:
+        await self._sock.send(data, copy=False)
 
     def put_nowait(self, msg: T) -> None:
         """Send from sync code running on the event loop (e.g. a `finally` after cancellation).
 
         With an unbounded high-water mark, a PUSH send never has to wait."""
-        self._sock.send(encode(msg), zmq.NOBLOCK, copy=False)
+        self._sock.send(self._encode(msg), zmq.NOBLOCK, copy=False)
 
     def close(self) -> None:
         self._sock.close(linger=0)
 
 
 class ZmqAsyncPullQueue(Generic[T]):
-    def __init__(self, addr: str, bind: bool = True) -> None:
+    def __init__(self, addr: str, codec: Codec, bind: bool = True) -> None:
         self.addr = addr
+        self._decode = codec.decode
         self._sock = _make(_async_ctx(), zmq.PULL, addr, bind)
 
     async def get(self) -> T:
-        msg: T = decode(await self._sock.recv(copy=True))
+        msg: T = self._decode(await self._sock.recv(copy=True))
         return msg
 
     def close(self) -> None:

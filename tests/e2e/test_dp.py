@@ -41,7 +41,7 @@ def offline(tiny_llama: Path) -> LLM:
 
 def _greedy(llm: LLM, prompts: list[str], max_tokens: int = MAX_TOKENS) -> list[str]:
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
-    return [r["text"] for r in llm.generate(prompts, params, use_tqdm=False)]
+    return [r.outputs[0].text for r in llm.generate(prompts, params, use_tqdm=False)]
 
 
 def replica_counters(port: int, name: str = "minisgl_replica_requests") -> dict[str, float]:

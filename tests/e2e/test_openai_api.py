@@ -39,11 +39,11 @@ def test_chat_non_stream_matches_offline(client, chat_ref):
     assert r.model == "m"
     choice = r.choices[0]
     assert choice.index == 0 and choice.message.role == "assistant"
-    assert choice.message.content == chat_ref["text"]
-    assert choice.finish_reason == ("length" if chat_ref["finish_reason"] == "length" else "stop")
+    assert choice.message.content == chat_ref.outputs[0].text
+    assert choice.finish_reason == ("length" if chat_ref.outputs[0].finish_reason == "length" else "stop")
     u = r.usage
-    assert u.prompt_tokens == chat_ref["prompt_tokens"]
-    assert u.completion_tokens == len(chat_ref["token_ids"])
+    assert u.prompt_tokens == len(chat_ref.prompt_token_ids)
+    assert u.completion_tokens == len(chat_ref.outputs[0].token_ids)
     assert u.total_tokens == u.prompt_tokens + u.completion_tokens
     assert u.prompt_tokens_details.cached_tokens >= 0
 
@@ -55,7 +55,7 @@ def test_chat_stream_matches_offline(server, client, chat_ref):
     assert len({c.id for c in chunks}) == 1
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks)
-    assert text == chat_ref["text"]
+    assert text == chat_ref.outputs[0].text
     assert [c.choices[0].finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
     # The raw stream: `data: {json}` events, a finish_reason, then `data: [DONE]`.
@@ -65,14 +65,14 @@ def test_chat_stream_matches_offline(server, client, chat_ref):
     assert all(line.startswith("data: ") for line in lines)
     assert lines[-1] == "data: [DONE]"
     events = [json.loads(line[6:]) for line in lines[:-1]]
-    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == len(chat_ref["token_ids"])
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == len(chat_ref.outputs[0].token_ids)
     assert events[-2]["choices"][0]["finish_reason"] in ("stop", "length")
 
 
 def test_chat_content_parts_same_as_string(client, chat_ref):
     parts = [{"role": "user", "content": [{"type": "text", "text": CHAT[0]["content"]}]}]
     r = client.chat.completions.create(model="m", messages=parts, max_tokens=N, temperature=0)
-    assert r.choices[0].message.content == chat_ref["text"]
+    assert r.choices[0].message.content == chat_ref.outputs[0].text
 
 
 def test_second_identical_request_hits_prefix_cache(client):
@@ -86,8 +86,8 @@ def test_completion_string(client, offline):
     ref = offline.generate("The capital of France is", greedy(8), use_tqdm=False)[0]
     r = client.completions.create(model="m", prompt="The capital of France is", max_tokens=8, temperature=0)
     assert r.object == "text_completion" and r.id.startswith("cmpl-")
-    assert r.choices[0].text == ref["text"]
-    assert r.usage.prompt_tokens == ref["prompt_tokens"] and r.usage.completion_tokens == len(ref["token_ids"])
+    assert r.choices[0].text == ref.outputs[0].text
+    assert r.usage.prompt_tokens == len(ref.prompt_token_ids) and r.usage.completion_tokens == len(ref.outputs[0].token_ids)
 
 
 def test_completion_batch_and_token_ids(client, offline):
@@ -95,14 +95,14 @@ def test_completion_batch_and_token_ids(client, offline):
     refs = offline.generate(prompts, greedy(6), use_tqdm=False)
     r = client.completions.create(model="m", prompt=prompts, max_tokens=6, temperature=0)
     assert [c.index for c in r.choices] == [0, 1, 2]
-    assert [c.text for c in r.choices] == [x["text"] for x in refs]
-    assert r.usage.prompt_tokens == sum(x["prompt_tokens"] for x in refs)
-    assert r.usage.completion_tokens == sum(len(x["token_ids"]) for x in refs)
+    assert [c.text for c in r.choices] == [x.outputs[0].text for x in refs]
+    assert r.usage.prompt_tokens == sum(len(x.prompt_token_ids) for x in refs)
+    assert r.usage.completion_tokens == sum(len(x.outputs[0].token_ids) for x in refs)
     ids = [offline.encode(p) for p in prompts[:2]]
     one = client.completions.create(model="m", prompt=ids[0], max_tokens=6, temperature=0)
-    assert one.choices[0].text == refs[0]["text"]
+    assert one.choices[0].text == refs[0].outputs[0].text
     two = client.completions.create(model="m", prompt=ids, max_tokens=6, temperature=0)
-    assert [c.text for c in two.choices] == [x["text"] for x in refs[:2]]
+    assert [c.text for c in two.choices] == [x.outputs[0].text for x in refs[:2]]
 
 
 def test_completion_stream(server, offline):
@@ -112,7 +112,7 @@ def test_completion_stream(server, offline):
     assert lines[-1] == "data: [DONE]"
     events = [json.loads(line[6:]) for line in lines[:-1]]
     assert all(e["object"] == "text_completion" for e in events)
-    assert "".join(e["choices"][0]["text"] for e in events) == ref["text"]
+    assert "".join(e["choices"][0]["text"] for e in events) == ref.outputs[0].text
     assert events[-1]["choices"][0]["finish_reason"] == "length"
 
 
@@ -123,11 +123,11 @@ def test_max_tokens_gives_length(client):
 
 
 def test_stop_string_cuts_output(client, chat_ref):
-    words = chat_ref["text"].split()
+    words = chat_ref.outputs[0].text.split()
     assert len(words) >= 3, chat_ref
     stop = words[2]
     r = client.chat.completions.create(model="m", messages=CHAT, max_tokens=N, temperature=0, stop=[stop])
-    assert r.choices[0].message.content == chat_ref["text"][: chat_ref["text"].index(stop)]
+    assert r.choices[0].message.content == chat_ref.outputs[0].text[: chat_ref.outputs[0].text.index(stop)]
     assert r.choices[0].finish_reason == "stop"
 
 
@@ -144,7 +144,7 @@ def test_native_generate(server, offline):
     status, body = post_json(server.port, "/generate",
                              {"text": "Hello, my name is", "sampling_params": {"max_new_tokens": 5, "temperature": 0}})
     assert status == 200, body
-    assert body["text"] == ref["text"] and body["output_ids"] == ref["token_ids"]
+    assert body["text"] == ref.outputs[0].text and body["output_ids"] == ref.outputs[0].token_ids
     assert body["meta_info"]["finish_reason"] in ("stop", "length")
 
 
@@ -159,5 +159,5 @@ def test_32_concurrent_requests_each_get_their_own_answer(server, client, offlin
 
     with ThreadPoolExecutor(32) as pool:
         answers = list(pool.map(ask, convs))
-    assert answers == [r["text"] for r in refs]
+    assert answers == [r.outputs[0].text for r in refs]
     wait_idle(server.port)

@@ -32,7 +32,7 @@ def test_tp3_matches_offline(tmp_path_factory, offline):
         refs = offline.generate(prompts, SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)
         status, body = post_json(srv.port, "/v1/completions", {"prompt": prompts, "max_tokens": 6, "temperature": 0})
         assert status == 200, body
-        assert [c["text"] for c in body["choices"]] == [r["text"] for r in refs]
+        assert [c["text"] for c in body["choices"]] == [r.outputs[0].text for r in refs]
         wait_idle(srv.port)
     finally:
         assert srv.stop() == 0

@@ -54,9 +54,9 @@ def offline_answers(model_dir: Path) -> dict[str, Any]:
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     answers = {
-        "completions": [r["text"] for r in outs],
-        "completion_tokens": sum(len(r["token_ids"]) for r in outs),
-        "chat": llm.chat(CHAT, params, use_tqdm=False)[0]["text"],
+        "completions": [r.outputs[0].text for r in outs],
+        "completion_tokens": sum(len(r.outputs[0].token_ids) for r in outs),
+        "chat": llm.chat(CHAT, params, use_tqdm=False)[0].outputs[0].text,
     }
     assert all(answers["completions"]) and answers["chat"], answers  # a reference worth comparing with
     return answers

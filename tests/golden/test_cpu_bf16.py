@@ -38,15 +38,15 @@ def test_embedded_bf16_answers_and_tracks_fp32() -> None:
     for dtype in ("bfloat16", "float32"):
         llm = LLM(device="cpu", dtype=dtype)
         assert llm.engine.dtype == getattr(torch, dtype)
-        outs[dtype] = llm.chat(prompt, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]["text"]
+        outs[dtype] = llm.chat(prompt, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0].outputs[0].text
         runs[dtype] = llm.generate(texts, params, use_tqdm=False)
         del llm
     assert "Paris" in outs["bfloat16"], outs
     assert "Paris" in outs["float32"], outs
     for low, full in zip(runs["bfloat16"], runs["float32"]):
-        for i, (a, b) in enumerate(zip(low["token_ids"], full["token_ids"])):
+        for i, (a, b) in enumerate(zip(low.outputs[0].token_ids, full.outputs[0].token_ids)):
             if a != b:
-                top_low = [t for t, _ in low["logprobs"][i][1]]
-                top_full = [t for t, _ in full["logprobs"][i][1]]
+                top_low = [t for t, lp in low.outputs[0].logprobs[i].items() if lp.rank is not None]
+                top_full = [t for t, lp in full.outputs[0].logprobs[i].items() if lp.rank is not None]
                 assert b in top_low and a in top_full, (i, a, b, top_low, top_full)
                 break

@@ -41,11 +41,11 @@ def test_embedded_greedy_matches_hf(llm):
                               eos_token_id=eos, pad_token_id=eos[0])
         expected = out[0, len(prompt):].tolist()
         if expected and expected[-1] in eos:
-            assert got["finish_reason"] == "stop"
-        assert got["token_ids"] == expected
+            assert got.outputs[0].finish_reason == "stop"
+        assert got.outputs[0].token_ids == expected
 
 
 def test_embedded_answers_paris(llm):
     out = llm.chat([CONVERSATIONS[0]], SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)[0]
-    assert "Paris" in out["text"]
-    assert out["finish_reason"] == "stop"
+    assert "Paris" in out.outputs[0].text
+    assert out.outputs[0].finish_reason == "stop"

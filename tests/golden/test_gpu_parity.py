@@ -40,7 +40,7 @@ def test_fp32_equals_hf(tiny, attn, graph_bs):
               cuda_graph_max_bs=graph_bs)
     got = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True), use_tqdm=False)
     for g, e in zip(got, expected):
-        assert g["token_ids"] == e
+        assert g.outputs[0].token_ids == e
 
 
 def test_bf16_top5_at_divergence(tiny):
@@ -49,7 +49,7 @@ def test_bf16_top5_at_divergence(tiny):
     llm = LLM(str(path), device="cuda", dtype="bfloat16", page_size=16, num_pages=256)
     for prompt in _prompts():
         ours = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True),
-                            use_tqdm=False)[0]["token_ids"]
+                            use_tqdm=False)[0].outputs[0].token_ids
         theirs = _hf_greedy_cuda(hf_cuda, prompt)
         for i, (a, b) in enumerate(zip(ours, theirs)):
             if a == b:

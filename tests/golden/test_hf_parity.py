@@ -35,10 +35,10 @@ def test_greedy_matches_hf(tiny, page_size):
     # All prompts in one batch (mixed lengths) and each alone must both equal HF.
     batched = llm.generate(prompts, params, use_tqdm=False)
     for prompt, exp, got in zip(prompts, expected, batched):
-        assert got["token_ids"] == exp, f"{arch} batched, prompt len {len(prompt)}"
-        assert got["finish_reason"] == "length"
+        assert got.outputs[0].token_ids == exp, f"{arch} batched, prompt len {len(prompt)}"
+        assert got.outputs[0].finish_reason == "length"
     alone = llm.generate(prompts[2], params, use_tqdm=False)[0]
-    assert alone["token_ids"] == expected[2]
+    assert alone.outputs[0].token_ids == expected[2]
 
 
 def test_logits_match_hf(tiny):

@@ -58,9 +58,9 @@ def test_greedy_matches_hf(tiny: tuple[Path, torch.nn.Module]) -> None:
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
     batched = llm.generate(prompts, params, use_tqdm=False)
     for prompt, exp, got in zip(prompts, expected, batched):
-        assert got["token_ids"] == exp, f"batched, prompt len {len(prompt)}"
+        assert got.outputs[0].token_ids == exp, f"batched, prompt len {len(prompt)}"
     alone = llm.generate(prompts[1], params, use_tqdm=False)[0]
-    assert alone["token_ids"] == expected[1]
+    assert alone.outputs[0].token_ids == expected[1]
 
 
 @pytest.mark.parametrize(
@@ -174,4 +174,4 @@ def test_gpu_fp32_fused_kernel_equals_hf(tiny: tuple[Path, torch.nn.Module], gra
     assert experts and all(m.impl == "triton" for m in experts)
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
     for got, exp in zip(llm.generate(prompts, params, use_tqdm=False), expected):
-        assert got["token_ids"] == exp
+        assert got.outputs[0].token_ids == exp

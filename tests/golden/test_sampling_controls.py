@@ -89,13 +89,13 @@ def test_controls_match_reference(tiny, overlap) -> None:
                                               use_tqdm=False)
     changed = 0
     for i, (prompt, sp, res) in enumerate(zip(prompts, GREEDY_CASES, results)):
-        assert res["token_ids"] == hf_greedy_controlled(hf, prompt, sp), f"case {i}"
-        changed += res["token_ids"] != plain[i]["token_ids"]
+        assert res.outputs[0].token_ids == hf_greedy_controlled(hf, prompt, sp), f"case {i}"
+        changed += res.outputs[0].token_ids != plain[i].outputs[0].token_ids
     assert changed == len(GREEDY_CASES) - 1, "every control should change this model's greedy output"
     # min_tokens holds back the (strongly biased) EOS and stop token until it is reached.
-    assert results[5]["token_ids"][-1] == EOS and len(results[5]["token_ids"]) == 7
-    assert results[5]["finish_reason"] == "stop"
-    assert results[6]["token_ids"][-1] == 9 and len(results[6]["token_ids"]) == 4
+    assert results[5].outputs[0].token_ids[-1] == EOS and len(results[5].outputs[0].token_ids) == 7
+    assert results[5].outputs[0].finish_reason == "stop"
+    assert results[6].outputs[0].token_ids[-1] == 9 and len(results[6].outputs[0].token_ids) == 4
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -111,9 +111,9 @@ def test_seeded_request_same_alone_and_in_batch(tiny, overlap) -> None:
         SamplingParams(temperature=1.0, seed=15, max_tokens=11, ignore_eos=True),
     ]
     llm = _llm(model_dir, overlap)
-    alone = [llm.generate([p], [sp], use_tqdm=False)[0]["token_ids"] for p, sp in zip(prompts, params)]
+    alone = [llm.generate([p], [sp], use_tqdm=False)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
     together = llm.generate(prompts, params, use_tqdm=False)
-    assert [r["token_ids"] for r in together] == alone
+    assert [r.outputs[0].token_ids for r in together] == alone
     assert len(alone[3]) >= 5 and EOS not in alone[3][:5]
 
 
@@ -123,8 +123,8 @@ def test_logit_bias_forces_a_token(tiny, overlap) -> None:
     params = [SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True, logit_bias={123: 100.0}),
               SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True)]
     results = _llm(model_dir, overlap).generate(_prompts(2, seed=3), params, use_tqdm=False)
-    assert results[0]["token_ids"] == [123] * 8
-    assert results[1]["token_ids"] != [123] * 8
+    assert results[0].outputs[0].token_ids == [123] * 8
+    assert results[1].outputs[0].token_ids != [123] * 8
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -144,9 +144,9 @@ def test_identical_prompts_prefill_once(tiny, overlap, budget) -> None:
         results[dedupe] = llm.generate([prompt] * 4, params, use_tqdm=False)
         llm.scheduler.check_idle_invariants()
     shared = (len(prompt) - 1) // page * page
-    computed = sum(len(prompt) - r["cached_tokens"] for r in results[True])
-    assert [r["cached_tokens"] for r in results[True]] == [0, shared, shared, shared]
+    computed = sum(len(prompt) - r.num_cached_tokens for r in results[True])
+    assert [r.num_cached_tokens for r in results[True]] == [0, shared, shared, shared]
     assert computed == len(prompt) + 3 * (len(prompt) - shared) and len(prompt) - shared <= page
     if budget > len(prompt) * 4:
-        assert [r["cached_tokens"] for r in results[False]] == [0, 0, 0, 0]  # all computed it
-    assert all(r["token_ids"] == results[False][0]["token_ids"] for r in results[True] + results[False])
+        assert [r.num_cached_tokens for r in results[False]] == [0, 0, 0, 0]  # all computed it
+    assert all(r.outputs[0].token_ids == results[False][0].outputs[0].token_ids for r in results[True] + results[False])

@@ -30,7 +30,7 @@ def test_batch_invariance_under_chunking_and_preemption(model_dir, overlap):
     max_tokens = [16 + (i * 7) % 40 for i in range(len(prompts))]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
     roomy = LLM(model_dir, device="cpu", page_size=4, num_pages=4096, max_running_requests=1)
-    alone = [roomy.generate([p], [sp], use_tqdm=False)[0]["token_ids"] for p, sp in zip(prompts, params)]
+    alone = [roomy.generate([p], [sp], use_tqdm=False)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
 
     # 48 pages of 4 tokens cannot hold 24 requests of up to ~160 tokens: admission stalls,
     # decodes retract requests and the prefix cache is evicted; a 16-token budget chunks prompts.
@@ -41,8 +41,8 @@ def test_batch_invariance_under_chunking_and_preemption(model_dir, overlap):
     batched = tight.generate(prompts, params, use_tqdm=False)
     assert tight.scheduler.num_retractions > 0, "the test must force preemption"
     for i, (got, exp) in enumerate(zip(batched, alone)):
-        assert got["token_ids"] == exp, f"prompt {i} differs"
-        assert got["finish_reason"] == "length"
+        assert got.outputs[0].token_ids == exp, f"prompt {i} differs"
+        assert got.outputs[0].finish_reason == "length"
     tight.scheduler.check_idle_invariants()
     tight.scheduler.flush_cache()
     assert tight.scheduler.allocator.num_free == tight.scheduler.allocator.num_pages
@@ -60,9 +60,9 @@ def test_radix_prefix_reuse(model_dir):
         llm.generate([first], params, use_tqdm=False)
         results[cache] = llm.generate([second], params, use_tqdm=False)[0]
         llm.scheduler.check_idle_invariants()
-    assert results["radix"]["cached_tokens"] >= 200
-    assert results["naive"]["cached_tokens"] == 0
-    assert results["radix"]["token_ids"] == results["naive"]["token_ids"]
+    assert results["radix"].num_cached_tokens >= 200
+    assert results["naive"].num_cached_tokens == 0
+    assert results["radix"].outputs[0].token_ids == results["naive"].outputs[0].token_ids
 
 
 def test_no_leak_after_aborts(model_dir):
@@ -92,10 +92,10 @@ def test_bad_prompt_late_in_a_call_leaves_nothing_queued(model_dir):
     llm = LLM(model_dir, device="cpu", page_size=4, num_pages=256, max_prefill_tokens=16)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     prompts = _prompts(12, seed=3)
-    with pytest.raises(ValueError, match="prompt token ids must be in"):
+    with pytest.raises(ValueError, match=r"token id 100000 is out of range \[0, "):  # the server's message
         llm.generate([*prompts, [5, 100_000]], params, use_tqdm=False)
     assert not llm.scheduler.has_work() and not llm.scheduler.reqs
     llm.scheduler.check_idle_invariants()
     again = llm.generate(prompts[:3], params, use_tqdm=False)
-    alone = [llm.generate([p], params, use_tqdm=False)[0]["token_ids"] for p in prompts[:3]]
-    assert [r["token_ids"] for r in again] == alone
+    alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts[:3]]
+    assert [r.outputs[0].token_ids for r in again] == alone

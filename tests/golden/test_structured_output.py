@@ -93,16 +93,16 @@ def test_constrained_batch(llms, overlap) -> None:
 
     results = llm.generate(prompts, params, use_tqdm=False)
     for (_, schema), res in zip(SCHEMAS, results):
-        assert res["finish_reason"] == "stop", res["text"]
-        jsonschema.validate(json.loads(res["text"]), schema)
+        assert res.outputs[0].finish_reason == "stop", res.outputs[0].text
+        jsonschema.validate(json.loads(res.outputs[0].text), schema)
     obj = results[len(SCHEMAS)]
-    assert obj["finish_reason"] == "stop" and isinstance(json.loads(obj["text"]), dict)
+    assert obj.outputs[0].finish_reason == "stop" and isinstance(json.loads(obj.outputs[0].text), dict)
     for res, pattern in zip(results[len(SCHEMAS) + 1 : len(SCHEMAS) + 3], (PHONE, EMAIL)):
-        assert res["finish_reason"] == "stop"
-        assert re.fullmatch(pattern, res["text"]), res["text"]
+        assert res.outputs[0].finish_reason == "stop"
+        assert re.fullmatch(pattern, res.outputs[0].text), res.outputs[0].text
     # The unconstrained request is untouched by its constrained neighbours.
     alone = llm.generate([plain_prompt], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]
-    assert results[-1]["token_ids"] == alone["token_ids"]
+    assert results[-1].outputs[0].token_ids == alone.outputs[0].token_ids
     llm.scheduler.check_idle_invariants()
 
 

@@ -43,7 +43,7 @@ def _engine_config(model_dir: str, rank: int = 0, size: int = 1, device: str = "
 
 def _greedy(llm: LLM) -> list[list[int]]:
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    return [out["token_ids"] for out in llm.generate(_prompts(), params, use_tqdm=False)]
+    return [out.outputs[0].token_ids for out in llm.generate(_prompts(), params, use_tqdm=False)]
 
 
 def _rank_main(rank: int, size: int, model_dir: str, port: int, results: Any, device: str) -> None:

@@ -21,5 +21,5 @@ def test_triton_backend_matches_torch_backend(tmp_path, page_size):
     for attn in ("torch", "triton"):
         llm = LLM(str(tmp_path), device="cpu", attn=attn, page_size=page_size, num_pages=512 // page_size,
                   max_prefill_tokens=32)
-        results[attn] = [r["token_ids"] for r in llm.generate(prompts, params, use_tqdm=False)]
+        results[attn] = [r.outputs[0].token_ids for r in llm.generate(prompts, params, use_tqdm=False)]
     assert results["triton"] == results["torch"]

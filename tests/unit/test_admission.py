@@ -14,7 +14,7 @@ from starlette.types import Message, Receive, Scope, Send
 from minisgl.core import SamplingParams
 from minisgl.message.tokenizer import TextPrompt, TokenizeMsg
 from minisgl.server.admission import AdmissionConfig, AdmissionGuard
-from minisgl.server.frontend import FrontendAddrs, FrontendManager, _encodable
+from minisgl.server.frontend import FrontendAddrs, FrontendManager, _encoded
 
 CHAT = "/v1/chat/completions"
 
@@ -222,8 +222,8 @@ def test_reply_state_goes_with_the_request_task(tmp_path: Path) -> None:
 
 
 def test_integers_beyond_the_wire_are_a_client_error(tmp_path: Path) -> None:
-    assert _encodable([TokenizeMsg(1, TextPrompt("x"), SamplingParams(seed=2**63 - 1))])
-    assert not _encodable([TokenizeMsg(1, TextPrompt("x"), SamplingParams(seed=2**64))])
+    assert _encoded([TokenizeMsg(1, TextPrompt("x"), SamplingParams(seed=2**63 - 1))]) is not None
+    assert _encoded([TokenizeMsg(1, TextPrompt("x"), SamplingParams(seed=2**64))]) is None
 
     async def main() -> None:
         addr = f"ipc://{tmp_path}"

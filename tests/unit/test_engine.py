@@ -66,7 +66,7 @@ def test_decode_batch_matches_extend(model_dir):
     prompts = _prompts()
     outs = llm.generate(prompts, params, use_tqdm=False)
     # Re-prefill prompt + all but the last generated token; its next-token argmax must be the last one.
-    full = [p + o["token_ids"][:-1] for p, o in zip(prompts, outs)]
+    full = [p + o.outputs[0].token_ids[:-1] for p, o in zip(prompts, outs)]
     logits = forward_logits(llm.engine, full, first_page=100)
     for lg, out in zip(logits, outs):
-        assert int(lg.argmax()) == out["token_ids"][-1]
+        assert int(lg.argmax()) == out.outputs[0].token_ids[-1]

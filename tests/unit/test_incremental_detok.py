@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minisgl.message.tokenizer import DetokRegisterMsg, TokenOut
+from minisgl.message.tokenizer import DetokFacts, TokenOut, TokenOutMsg
 from minisgl.tokenizer.incremental import IncrementalDetokenizer, StopFilter
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -30,7 +30,7 @@ def make(tok) -> IncrementalDetokenizer:
 
 def run(tok, text_ids: list[int], stop: list[str] | None = None, step: int = 1, finish="length"):
     detok = make(tok)
-    detok.register(DetokRegisterMsg(rid=7, prompt_tail_ids=tok.encode("Hi:").ids, stop=stop or []))
+    detok.register(DetokFacts(rid=7, prompt_tail_ids=tok.encode("Hi:").ids, stop=stop or []))
     deltas, aborts = [], []
     chunks = [text_ids[i : i + step] for i in range(0, len(text_ids), step)]
     for i, chunk in enumerate(chunks):
@@ -71,7 +71,7 @@ def test_stop_string_not_emitted_and_aborts(tok):
     assert aborts == [7] and 7 in detok.stopped
     # the scheduler's abort output is swallowed and ends the bookkeeping
     assert detok.process([TokenOut(7, [], "abort", 3, 0, 9)]).deltas == []
-    assert detok.stopped == set() and detok.pending == {}
+    assert detok.stopped == {} and detok.states == {}
 
 
 def test_partial_stop_held_then_released(tok):
@@ -100,12 +100,33 @@ def test_stop_filter_unit():
     assert idle.feed("D", active=True) == ("D", None)
 
 
-def test_output_before_register_is_replayed(tok):
+def test_facts_and_first_output_in_one_message_need_no_parking(tok):
+    """A request admitted in the scheduler iteration that also produced its first token: its
+    facts ride on the same TokenOutMsg, before the outputs, so the token decodes at once."""
     detok = make(tok)
     ids = tok.encode("xy").ids
-    assert detok.process([TokenOut(1, ids, "length", 2, 0, 2)]).deltas == []
-    res = detok.register(DetokRegisterMsg(1, [], []))
-    assert [d.text for d in res.deltas] == ["xy"] and detok.pending == {}
+    msg = TokenOutMsg([TokenOut(1, ids, "length", 2, 0, 2)], [DetokFacts(1, tok.encode("Hi:").ids, [])])
+    res = detok.handle(msg)
+    assert [d.text for d in res.deltas] == ["xy"] and res.deltas[0].finish_reason == "length"
+    assert detok.states == {} and not hasattr(detok, "pending")
+
+
+def test_output_of_an_ended_request_is_dropped_not_parked(tok):
+    detok = make(tok)
+    assert detok.process([TokenOut(5, tok.encode("z").ids, None, 1, 0, 1)]).deltas == []
+    assert detok.states == {} and detok.stopped == {}
+    # a later request decodes normally: nothing of the dropped output was kept
+    res = detok.handle(TokenOutMsg([TokenOut(6, tok.encode("ok").ids, "stop", 1, 0, 2)], [DetokFacts(6)]))
+    assert [d.text for d in res.deltas] == ["ok"]
+
+
+def test_stop_string_abort_goes_to_the_replica_of_the_request(tok):
+    detok = make(tok)
+    detok.handle(TokenOutMsg([], [DetokFacts(3, [], ["STOP"], replica=2), DetokFacts(4, [], ["STOP"])]))
+    res = detok.process([TokenOut(3, tok.encode("a STOP").ids, None, 1, 0, 6),
+                         TokenOut(4, tok.encode("b STOP").ids, None, 1, 0, 6)])  # fmt: skip
+    assert res.aborts == [3, 4]
+    assert detok.replica_of(3) == 2 and detok.replica_of(4) == 0
 
 
 def test_many_requests_one_batch_no_cross_talk(tok):
@@ -113,7 +134,7 @@ def test_many_requests_one_batch_no_cross_talk(tok):
     words = {rid: f"req{rid} says ünïcode {rid}" for rid in range(20)}
     enc = {rid: tok.encode(w).ids for rid, w in words.items()}
     for rid in words:
-        detok.register(DetokRegisterMsg(rid, [], []))
+        detok.register(DetokFacts(rid, [], []))
     got = {rid: "" for rid in words}
     longest = max(len(v) for v in enc.values())
     for i in range(longest):
@@ -141,7 +162,7 @@ def test_stop_token_id_text_dropped_and_reported(tok, include):
     ids = tok.encode("ab.").ids
     dot = ids[-1]
     detok = make(tok)
-    detok.register(DetokRegisterMsg(1, [], [], stop_token_ids=[dot], include_stop=include))
+    detok.register(DetokFacts(1, [], [], stop_token_ids=[dot], include_stop=include))
     deltas = _feed(detok, 1, ids, "stop")
     assert "".join(d.text for d in deltas) == ("ab." if include else "ab")
     assert deltas[-1].finish_reason == "stop" and deltas[-1].stop_reason == dot
@@ -150,7 +171,7 @@ def test_stop_token_id_text_dropped_and_reported(tok, include):
 
 def test_stop_string_reported_and_kept_with_include(tok):
     detok = make(tok)
-    detok.register(DetokRegisterMsg(2, [], ["STOP"], include_stop=True))
+    detok.register(DetokFacts(2, [], ["STOP"], include_stop=True))
     deltas = _feed(detok, 2, tok.encode("one STOP two").ids, "length")
     assert "".join(d.text for d in deltas) == "one STOP"
     assert deltas[-1].stop_reason == "STOP" and deltas[-1].finish_reason == "stop"
@@ -158,7 +179,7 @@ def test_stop_string_reported_and_kept_with_include(tok):
 
 def test_eos_stop_has_no_stop_reason(tok):
     detok = make(tok)
-    detok.register(DetokRegisterMsg(3, [], ["zz"], stop_token_ids=[5]))
+    detok.register(DetokFacts(3, [], ["zz"], stop_token_ids=[5]))
     deltas = _feed(detok, 3, tok.encode("hi<eos>").ids, "stop")
     assert deltas[-1].stop_reason is None and "".join(d.text for d in deltas) == "hi"
 
@@ -166,7 +187,7 @@ def test_eos_stop_has_no_stop_reason(tok):
 def test_stop_strings_wait_for_min_tokens(tok):
     ids = tok.encode("a.b.c").ids  # one token per byte
     detok = make(tok)
-    detok.register(DetokRegisterMsg(4, [], ["."], min_tokens=3))
+    detok.register(DetokFacts(4, [], ["."], min_tokens=3))
     deltas = _feed(detok, 4, ids, "length")
     assert "".join(d.text for d in deltas) == "a.b"  # the first "." came before min_tokens
 
@@ -174,7 +195,7 @@ def test_stop_strings_wait_for_min_tokens(tok):
 def test_logprobs_ride_with_their_tokens(tok):
     ids = tok.encode("x STOP y").ids
     detok = make(tok)
-    detok.register(DetokRegisterMsg(5, [], ["STOP"]))
+    detok.register(DetokFacts(5, [], ["STOP"]))
     deltas = _feed(detok, 5, ids, "length", logprobs=True)
     got = [entry for d in deltas for entry in (d.logprobs or [])]
     assert [e.token_id for e in got] == [t for d in deltas for t in d.token_ids]
@@ -187,7 +208,7 @@ def test_logprobs_ride_with_their_tokens(tok):
 def test_echo_first_delta_has_prompt_text_and_logprobs(tok):
     prompt = tok.encode("Hi there").ids
     detok = make(tok)
-    detok.register(DetokRegisterMsg(6, prompt[-5:], [], echo_ids=prompt))
+    detok.register(DetokFacts(6, prompt[-5:], [], echo_ids=prompt))
     raw_prompt = [[None, []]] + [[-1.0, [[t, -1.0]]] for t in prompt[1:]]
     first = detok.process([TokenOut(6, [prompt[0]], None, len(prompt), 0, 1, [[-0.1, []]], raw_prompt)]).deltas
     assert first[0].prompt_text == "Hi there"

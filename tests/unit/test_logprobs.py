@@ -28,8 +28,13 @@ def _hf_logprobs(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1)
 
 
-def _check_entry(entry: tuple, expected: torch.Tensor, token: int, k: int) -> None:
-    chosen, top = entry
+def _check_entry(entry: dict, expected: torch.Tensor, token: int, k: int) -> None:
+    """`entry`: vLLM's shape, token id -> Logprob; the top k carry their rank 1..k."""
+    chosen = entry[token].logprob
+    ranked = sorted((lp.rank, t, lp.logprob) for t, lp in entry.items() if lp.rank is not None)
+    assert [rank for rank, _, _ in ranked] == list(range(1, k + 1))
+    assert set(entry) - {t for _, t, _ in ranked} <= {token}  # nothing else but the chosen token
+    top = [(t, value) for _, t, value in ranked]
     assert chosen == pytest.approx(float(expected[token]), abs=1e-4)
     assert len(top) == k
     values = [v for _, v in top]
@@ -65,14 +70,18 @@ def test_sampled_token_logprobs_match_hf(tiny, overlap) -> None:
     llm = LLM(model_dir, device="cpu", page_size=4, num_pages=256,
               scheduler_config=SchedulerConfig(max_prefill_tokens=16, overlap=overlap))
     results = llm.generate(prompts, params, use_tqdm=False)
-    assert results[1]["logprobs"] is None and results[1]["prompt_logprobs"] is None
+    assert results[1].outputs[0].logprobs is None and results[1].prompt_logprobs is None
+    assert results[1].outputs[0].cumulative_logprob is None
     for prompt, sp, res in zip(prompts, params, results):
         if sp.logprobs is None:
             continue
-        out = res["token_ids"]
-        assert len(res["logprobs"]) == len(out) == sp.max_tokens
+        out = res.outputs[0].token_ids
+        logprobs = res.outputs[0].logprobs
+        assert len(logprobs) == len(out) == sp.max_tokens
         expected = _hf_logprobs(hf, prompt + out)
-        for i, (token, entry) in enumerate(zip(out, res["logprobs"])):
+        cumulative = sum(entry[token].logprob for token, entry in zip(out, logprobs))
+        assert res.outputs[0].cumulative_logprob == pytest.approx(cumulative)
+        for i, (token, entry) in enumerate(zip(out, logprobs)):
             _check_entry(entry, expected[len(prompt) - 1 + i], token, sp.logprobs)
 
 
@@ -90,13 +99,13 @@ def test_prompt_logprobs_match_hf(tiny, overlap) -> None:
               for k in (3, 0, 7, 2)]
     results = llm.generate(prompts, params, use_tqdm=False)
     for prompt, sp, res in zip(prompts, params, results):
-        plp = res["prompt_logprobs"]
+        plp = res.prompt_logprobs
         assert plp is not None and len(plp) == len(prompt)
-        assert plp[0] == (None, [])
+        assert plp[0] is None
         expected = _hf_logprobs(hf, prompt)
         for pos in range(1, len(prompt)):
             _check_entry(plp[pos], expected[pos - 1], prompt[pos], sp.prompt_logprobs)
-    assert results[0]["cached_tokens"] == 0  # every position needs its logits: no cache match
+    assert results[0].num_cached_tokens == 0  # every position needs its logits: no cache match
     llm.scheduler.check_idle_invariants()
 
 
@@ -113,13 +122,14 @@ def test_logprobs_survive_retraction(tiny) -> None:
     results = llm.generate(prompts, params, use_tqdm=False)
     assert llm.scheduler.num_retractions > 0, "the test must force preemption"
     for prompt, sp, res in zip(prompts, params, results):
-        expected = _hf_logprobs(hf, prompt + res["token_ids"])
-        assert len(res["logprobs"]) == len(res["token_ids"]) == 24
-        for i, (token, entry) in enumerate(zip(res["token_ids"], res["logprobs"])):
+        out = res.outputs[0]
+        expected = _hf_logprobs(hf, prompt + out.token_ids)
+        assert len(out.logprobs) == len(out.token_ids) == 24
+        for i, (token, entry) in enumerate(zip(out.token_ids, out.logprobs)):
             _check_entry(entry, expected[len(prompt) - 1 + i], token, 2)
         if sp.prompt_logprobs is None:
-            assert res["prompt_logprobs"] is None
+            assert res.prompt_logprobs is None
         else:
-            assert len(res["prompt_logprobs"]) == len(prompt)
+            assert len(res.prompt_logprobs) == len(prompt) and res.prompt_logprobs[0] is None
             for pos in range(1, len(prompt)):
-                _check_entry(res["prompt_logprobs"][pos], expected[pos - 1], prompt[pos], 1)
+                _check_entry(res.prompt_logprobs[pos], expected[pos - 1], prompt[pos], 1)

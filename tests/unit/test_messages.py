@@ -13,7 +13,7 @@ from minisgl.message import (
     ChatPrompt,
     DetokenizedMsg,
     DetokenizeQueryMsg,
-    DetokRegisterMsg,
+    DetokFacts,
     ErrorMsg,
     FinishedMsg,
     QueryErrorMsg,
@@ -41,13 +41,15 @@ from minisgl.message import (
 SAMPLING = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, max_tokens=33,
                           ignore_eos=True, seed=1234, stop_token_ids=[2, 5], presence_penalty=0.5,
                           frequency_penalty=-0.5, repetition_penalty=1.1, logit_bias={7: -100.0, 9: 2.5},
-                          min_tokens=3, logprobs=2, prompt_logprobs=0, json_schema='{"type": "object"}')
+                          min_tokens=3, logprobs=2, prompt_logprobs=0, json_schema='{"type": "object"}', n=3,
+                          stop=["END", "\n\n"], include_stop_str_in_output=True)
 TOP = TopLogprob(token_id=9, token="é", raw=b"\xc3\xa9", logprob=-0.25)
 LOGPROB = TokenLogprob(token_id=3, token="\ufffd", raw=b"\xc3", logprob=-1.5, top=[TOP, TopLogprob(4, "a", b"a", -2.0)])
 
 EXAMPLES = [
     SAMPLING,
     TokenizedMsg(rid=5, input_ids=[1, 2, 3], sampling=SAMPLING, max_tokens_explicit=False),
+    TokenizedMsg(rid=6, input_ids=[1], sampling=SAMPLING, facts=DetokFacts(6, [1], ["\n"], [2], True, 1, [], 1)),
     AbortMsg(rid=9),
     StatsReqMsg(query_id=3),
     ShutdownMsg(reason="bye"),
@@ -64,14 +66,15 @@ EXAMPLES = [
                 include_stop=True, echo=True),
     TokenizeQueryMsg(query_id=4, prompt=TextPrompt("hi"), add_special_tokens=False),
     DetokenizeQueryMsg(query_id=5, token_ids=[1, 2]),
-    DetokRegisterMsg(rid=4, prompt_tail_ids=[7, 8], stop=["x"]),
-    DetokRegisterMsg(rid=5, prompt_tail_ids=[7], stop=[], stop_token_ids=[3], include_stop=True, min_tokens=2,
-                     echo_ids=[1, 7]),
+    DetokFacts(rid=4, prompt_tail_ids=[7, 8], stop=["x"]),
+    DetokFacts(rid=5, prompt_tail_ids=[7], stop=[], stop_token_ids=[3], include_stop=True, min_tokens=2,
+               echo_ids=[1, 7], replica=2),
     TokenOut(rid=4, token_ids=[11], finish_reason=None, prompt_tokens=3, cached_tokens=1, output_tokens=1),
     TokenOut(4, [11], None, 3, 1, 1, logprobs=[[-0.5, [[11, -0.5], [12, -1.0]]]],
              prompt_logprobs=[[None, []], [-3.0, [[5, -1.0]]]]),
     TokenOutMsg([TokenOut(1, [2], "stop", 5, 0, 7), TokenOut(2, [], "abort", 1, 1, 0),
                  TokenOut(3, [4], None, 1, 0, 1, [[-0.1, []]], None)]),
+    TokenOutMsg([TokenOut(1, [2], None, 5, 0, 1)], [DetokFacts(1, [3, 4], ["END"]), DetokFacts(9, echo_ids=[5])]),
     TOP,
     LOGPROB,
     TextDelta(rid=3, text="é🙂", token_ids=[1, 2], finish_reason="length", prompt_tokens=4,
@@ -128,4 +131,10 @@ def test_unknown_tag_refused():
 
 def test_message_package_does_not_import_torch():
     code = "import sys, minisgl.message, minisgl.utils.zmq; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_zmq_queues_do_not_import_the_messages():
+    """utils/zmq is below message: it is handed the codec, it does not import it."""
+    code = "import sys, minisgl.utils.zmq; assert 'minisgl.message' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -81,15 +81,16 @@ def test_padding_changes_no_output(tmp_path, attn, monkeypatch) -> None:
     assert any(t > n for t, n, _ in eager)
     assert all(t == padded_rows(n) and s == padded_rows(s) for t, n, s in eager)
     for got, want in zip(padded, plain):
-        assert got["token_ids"] == want["token_ids"]
-        for key in ("logprobs", "prompt_logprobs"):
-            if want[key] is not None:
-                assert len(got[key]) == len(want[key])
-                for a, b in zip(got[key], want[key]):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+        for got_lps, want_lps in ((got.outputs[0].logprobs, want.outputs[0].logprobs),
+                                  (got.prompt_logprobs, want.prompt_logprobs)):  # fmt: skip
+            if want_lps is not None:
+                assert got_lps is not None and len(got_lps) == len(want_lps)
+                for a, b in zip(got_lps, want_lps):
                     assert (a is None) == (b is None)
-                    if a is not None:
-                        assert a[0] == pytest.approx(b[0], abs=1e-5)
-                        assert [t for t, _ in a[1]] == [t for t, _ in b[1]]
+                    if a is not None and b is not None:  # same tokens, ranks and logprobs
+                        assert list(a) == list(b) and [x.rank for x in a.values()] == [x.rank for x in b.values()]
+                        assert [x.logprob for x in a.values()] == pytest.approx([x.logprob for x in b.values()], abs=1e-5)
 
 
 @pytest.mark.gpu
@@ -105,4 +106,4 @@ def test_padding_changes_no_output_on_gpu(tmp_path, monkeypatch) -> None:
     padded = _generate(tmp_path, "triton", True, monkeypatch, counts, device="cuda")
     plain = _generate(tmp_path, "triton", False, monkeypatch, device="cuda")
     assert any(t > n for t, n, _ in counts)
-    assert [r["token_ids"] for r in padded] == [r["token_ids"] for r in plain]
+    assert [r.outputs[0].token_ids for r in padded] == [r.outputs[0].token_ids for r in plain]
