@@ -94,8 +94,10 @@ class BodyLimitMiddleware:
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = error_body(f"The request body is larger than the server accepts ({self.limit} bytes)",
                           "invalid_request_error", None, "request_too_large")  # fmt: skip
-        # Connection: close: the rest of the body is never read, so the connection cannot be reused.
-        await JSONResponse(body, status_code=413, headers={"Connection": "close"})(scope, receive, send)
+        # The rest of the body is not read by the app: uvicorn discards it as it arrives (a request
+        # whose response is complete gets no more body), so the client can finish sending and read
+        # this answer instead of a connection reset.
+        await JSONResponse(body, status_code=413)(scope, receive, send)
 
 
 def install_access(app: FastAPI, api_key: str | None, cors_origins: list[str],
