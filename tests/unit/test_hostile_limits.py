@@ -30,6 +30,7 @@ def wide(optional: int, required: int = 0) -> str:
      ("json_schema", " " * 65_537, "too long"), ("json_schema", wide(201), "201 optional"),
      ("json_schema", wide(0, 1001), "1001 properties"),
      ("json_schema", "[" * 70 + "]" * 70, "nests 70 levels")],
+    ids=["range", "exact", "long-regex", "deep-regex", "pattern", "long-schema", "optional", "properties", "deep"],
 )  # fmt: skip
 def test_grammars_beyond_the_limits_are_refused(kind: str, text: str, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
@@ -42,6 +43,7 @@ def test_grammars_beyond_the_limits_are_refused(kind: str, text: str, needle: st
      ("json_schema", wide(200)), ("json_schema", wide(50, 950)),
      ("json_schema", json.dumps({"type": "string", "pattern": "[{]{1,3}"})),
      ("json_schema", json.dumps({"type": "string", "description": "{" * 500}))],
+    ids=["nested-plus", "range", "escaped-groups", "optional", "required", "pattern", "braces-in-strings"],
 )  # fmt: skip
 def test_grammars_within_the_limits_pass(kind: str, text: str) -> None:
     check_grammar(kind, text)
