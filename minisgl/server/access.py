@@ -7,9 +7,10 @@ except `GET /health` (load balancers carry no key) and CORS preflights. A missin
 is a 401 in OpenAI's error shape. Prometheus sends the key with `authorization: {credentials}`.
 
 Request bodies are read up to `max_body_bytes` (`BodyLimitMiddleware`): a larger declared
-`Content-Length` is a 413 before any byte of the body is read, and a chunked body is counted
-as it arrives and cut off with a 413 at the limit, so no request makes the server hold more
-than the limit. (Deeply nested JSON inside the limit is refused with a 400 by the JSON parser
+`Content-Length` is a 413 without the app seeing the body, and a chunked body is counted as it
+arrives and cut off with a 413 at the limit, so no request makes the server hold more than the
+limit. The rest of a refused body is read and dropped chunk by chunk (up to `DISCARD_BYTES`,
+then the connection is closed) so the client can finish sending and read the 413. (Deeply nested JSON inside the limit is refused with a 400 by the JSON parser
 itself: pydantic's parser stops at a fixed nesting depth, see protocol.parse_request.)
 
 All of these run before admission control (admission.py, the app's innermost middleware): a
@@ -30,6 +31,7 @@ from minisgl.server.responses import error_body, error_response
 
 OPEN_PATHS = frozenset({"/health"})
 MAX_BODY_BYTES = 4 * 2**20  # 4 MiB: a 1M-token text prompt; 100k token ids take under 1 MiB
+DISCARD_BYTES = 64 * 2**20  # of a refused body, read and dropped so the client sees the 413
 
 
 class ApiKeyMiddleware:
@@ -66,16 +68,17 @@ class BodyLimitMiddleware:
             return
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.limit):
-            await self._refuse(scope, receive, send)
+            await self._refuse(scope, receive, send, body_done=False)
             return
         seen = 0
-        started = False
+        started = body_done = False
 
         async def counted_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, body_done
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
                 if seen > self.limit:
                     raise BodyTooLarge
             return message
@@ -89,14 +92,21 @@ class BodyLimitMiddleware:
             await self.app(scope, counted_receive, tracked_send)
         except BodyTooLarge:
             if not started:
-                await self._refuse(scope, receive, send)
+                await self._refuse(scope, receive, send, body_done)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, body_done: bool) -> None:
+        # Read the rest of the body first, throwing it away (up to DISCARD_BYTES): a server that
+        # answers and closes while the client is still sending makes the client's TCP see a
+        # reset, and most clients then report the reset instead of the 413.
+        discarded = 0
+        while not body_done and discarded <= DISCARD_BYTES:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            discarded += len(message.get("body", b""))
+            body_done = not message.get("more_body", False)
         body = error_body(f"The request body is larger than the server accepts ({self.limit} bytes)",
                           "invalid_request_error", None, "request_too_large")  # fmt: skip
-        # The rest of the body is not read by the app: uvicorn discards it as it arrives (a request
-        # whose response is complete gets no more body), so the client can finish sending and read
-        # this answer instead of a connection reset.
         await JSONResponse(body, status_code=413)(scope, receive, send)
 
 
