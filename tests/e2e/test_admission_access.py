@@ -42,7 +42,7 @@ def full(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-    """/metrics (behind the key), parsed."""
+    """/metrics (behind the key), parsed as test_api_endpoints.scrape does."""
     from prometheus_client.parser import text_string_to_metric_families
 
     status, headers, text = call(port, "GET", "/metrics", AUTH)
@@ -50,7 +50,8 @@ def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
     for family in text_string_to_metric_families(text.decode()):
         for sample in family.samples:
-            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "model_name"))
+            out.setdefault(sample.name, {})[labels] = sample.value
     return out
 
 

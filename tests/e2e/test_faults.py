@@ -54,7 +54,7 @@ def test_stopped_scheduler_times_out_then_recovers(stoppable: Server) -> None:
         running = [asyncio.ensure_future(http_call("127.0.0.1", port, "POST", CHAT, body(s))) for s in (True, False)]
         while time.monotonic() - start < 3:  # stop once both decode (or stop anyway: they wait)
             _, stats = await asyncio.to_thread(get_json, port, "/v1/internal/stats")
-            if stats["running"] == 2:
+            if stats.get("running") == 2:  # (a 503 when the scheduler is slow to answer)
                 break
             await asyncio.sleep(0.05)
         os.kill(scheduler, signal.SIGSTOP)

@@ -243,13 +243,13 @@ STREAMS = 10
 
 
 def test_clients_that_never_read_keep_memory_bounded(server: Server) -> None:
-    """8 streams of 120 tokens with 5 top logprobs each (~100 KB of events per stream) that are
+    """8 streams of 64 tokens with 5 top logprobs each (~50 KB of events per stream) that are
     never read, and 2 read one small piece a second: the API server's memory grows by a bounded
     amount, others are served meanwhile, and every page and reply state comes back once the
     clients go away."""
     port = server.port
     pids = {"api": server.health()["pid"], **server.child_pids()}
-    body = chat(max_tokens=120, ignore_eos=True, stream=True, logprobs=True, top_logprobs=5,
+    body = chat(max_tokens=64, ignore_eos=True, stream=True, logprobs=True, top_logprobs=5,
                 messages=[{"role": "user", "content": "Tell me a story."}])  # fmt: skip
     wait_idle(port)
     before = {name: rss_mb(pid) for name, pid in pids.items()}
@@ -270,7 +270,7 @@ def test_clients_that_never_read_keep_memory_bounded(server: Server) -> None:
             status, stats = get_json(port, "/v1/internal/stats")
             if status != 200:  # a long decode step kept the scheduler from answering within 5 s
                 continue
-            started = started or stats["running"] == STREAMS
+            started = started or stats["running"] > 0
             if started and stats["running"] == 0 and stats["waiting"] == 0:
                 finished = True  # every token generated: what is left waits for the readers
                 break
@@ -283,7 +283,7 @@ def test_clients_that_never_read_keep_memory_bounded(server: Server) -> None:
         assert server.health()["status"] == "ok"
         grown = {name: round(peak[name] - before[name], 1) for name in pids}
         print(f"RSS before {before}, growth at the peak (MiB) {grown}")
-        # 10 streams x ~100 KB of events: replies waiting in the inboxes and socket buffers.
+        # 10 streams x ~50 KB of events: replies waiting in the inboxes and socket buffers.
         assert all(grown[name] < 100 for name in pids), grown
     finally:
         for sock in silent + slow:
