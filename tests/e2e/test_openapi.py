@@ -71,7 +71,7 @@ def test_schemathesis_finds_no_server_error(docs_server: Server, tmp_path_factor
     cmd += ["run", f"{docs_server.base_url}/openapi.json", "--checks", "not_a_server_error",
             "--max-examples", "30", "--max-time", str(FUZZ_SECONDS), "--workers", "1", "--seed", "1",
             "--request-timeout", "60", "--report", "junit", "--report-dir", str(report)]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=FUZZ_SECONDS + 120)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=FUZZ_SECONDS + 120, cwd=report)  # its cache too
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-6000:]  # exit 1 on any failed check (a 5xx)
     counts = re.search(r"(\d+) generated, (\d+) passed", out)
