@@ -1,18 +1,22 @@
 """Reliability stress test against a running server (loopback only).
 
-    python -m minisgl.bench stress --url http://127.0.0.1:30000 --concurrency 500 \\
-        --disconnects 100 --invalid 50 --rounds 5 --max-tokens 16
+    python -m minisgl.bench stress --url http://127.0.0.1:30000 --concurrency 300 \\
+        --disconnects 100 --invalid 50 --rounds 3 --max-tokens 16
 
 Each round starts everything at once: `concurrency` streaming requests (chat and text completions
 in turn, `ignore_eos`, fixed `max_tokens`, usage in the stream), of which `disconnects` are cut at
-a random point (while uploading, before the response, or after k events), plus `invalid` bad
-requests of varied kinds. Then it polls `/v1/internal/stats` until the server is idle (bounded)
-and reads the server's memory through the pid `/health` reports.
+a random point (while uploading, before the response, or after k events), plus `invalid` bad and
+hostile requests of varied kinds (malformed, out of range, a 10 MB body, JSON nested 100k deep,
+lone surrogates, negative token ids, 100k-token prompts, grammars beyond the compile limits).
+Then it polls `/v1/internal/stats` until the server is idle (bounded) and reads the memory (RSS)
+of every server process (the launcher / API server and each worker) through the pids `/health`
+reports. With `--api-key`, every request carries the key.
 
 Violations (exit status 1): a valid request that failed, got a 5xx or an error event, hung past
 `--timeout`, or did not get exactly `max_tokens` tokens with finish_reason "length"; a bad request
 answered with anything but a 4xx; a server not idle with every page free or evictable after the
-round; API-server reply state left behind. The HTTP client is a small asyncio one, so a cut is a
+round; API-server reply state left behind; a process whose RSS grew from the second round to the
+last by more than `RSS_SLACK` (the first round warms caches and allocators up). The HTTP client is a small asyncio one, so a cut is a
 real closed socket at exactly the chosen point (bench/rawhttp.py).
 """
 
@@ -32,6 +36,7 @@ from urllib.parse import urlsplit
 from minisgl.bench.rawhttp import Cut, HttpError, HttpReply, http_call
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+RSS_SLACK_MB, RSS_SLACK_RATIO = 48.0, 0.05  # growth allowed per process from round 2 to the last
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,6 +86,17 @@ INVALID: list[tuple[str, Callable[[], tuple[str, str, bytes]]]] = [
     ("generate without input", lambda: ("POST", "/generate", b'{"sampling_params": {}}')),
     ("unknown route", lambda: ("POST", "/v1/nope", b"{}")),
     ("wrong method", lambda: ("GET", "/v1/chat/completions", b"")),
+    # hostile
+    ("10 MB body", lambda: ("POST", "/v1/completions", b'{"model": "m", "prompt": "' + b"x" * 10**7 + b'"}')),
+    ("nested 100k deep", lambda: ("POST", "/v1/chat/completions", b'{"messages": ' + b"[" * 10**5 + b"]" * 10**5 + b"}")),
+    ("lone surrogate", lambda: ("POST", "/v1/completions", b'{"model": "m", "prompt": "a\\ud800", "max_tokens": 2}')),
+    ("negative token id", lambda: _comp(prompt=[1, -7], max_tokens=2)),
+    ("100k-token prompt", lambda: _comp(prompt=[100] * 100_000, max_tokens=2)),
+    ("huge regex repeat", lambda: _chat(regex="[a-z]{1,100000}", max_tokens=2)),
+    ("wide schema", lambda: _chat(max_tokens=2, response_format={"type": "json_schema", "json_schema": {
+        "name": "w", "schema": {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1000)}}}})),
+    ("circular schema", lambda: _chat(max_tokens=2, response_format={"type": "json_schema", "json_schema": {
+        "name": "c", "schema": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}})),
 ]
 
 
@@ -92,10 +108,10 @@ INVALID: list[tuple[str, Callable[[], tuple[str, str, bytes]]]] = [
 class StressConfig:
     host: str
     port: int
-    concurrency: int = 500
+    concurrency: int = 300
     disconnects: int = 100
     invalid: int = 50
-    rounds: int = 5
+    rounds: int = 3
     max_tokens: int = 16
     seed: int = 0
     timeout: float = 120.0  # per request
@@ -129,6 +145,7 @@ class RoundReport:
     live_requests: int = -1
     rss_mb: float = 0.0  # API server (launcher) process
     rss_total_mb: float = 0.0  # with every worker process
+    rss_by_process: dict[str, float] = field(default_factory=dict)  # "api", "tokenizer", "scheduler-0", ...
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -261,17 +278,30 @@ async def _memory(cfg: StressConfig, rep: RoundReport) -> None:
         return
     try:
         _, health = await _get_json(cfg, "/health")
-        main = psutil.Process(int(health["pid"]))
-        rep.rss_mb = main.memory_info().rss / 2**20
-        total = rep.rss_mb
-        for child in main.children(recursive=True):
+        pids = {"api": int(health["pid"]), **{name: int(c["pid"]) for name, c in health["children"].items()}}
+        for name, pid in pids.items():
             try:
-                total += child.memory_info().rss / 2**20
+                rep.rss_by_process[name] = psutil.Process(pid).memory_info().rss / 2**20
             except psutil.NoSuchProcess:
-                pass
-        rep.rss_total_mb = total
+                rep.problems.append(f"the {name} process (pid {pid}) is gone")
+        rep.rss_mb = rep.rss_by_process.get("api", 0.0)
+        rep.rss_total_mb = sum(rep.rss_by_process.values())
     except (HttpError, OSError, KeyError, ValueError, asyncio.TimeoutError, psutil.Error) as exc:
         rep.problems.append(f"could not read the server's memory: {exc!r}")
+
+
+def check_rss_flat(reports: list[RoundReport]) -> list[str]:
+    """Processes whose RSS grew from the second round to the last beyond the slack."""
+    if len(reports) < 3:
+        return []
+    base, last = reports[1].rss_by_process, reports[-1].rss_by_process
+    grown = []
+    for name, start in base.items():
+        end = last.get(name, start)
+        if end - start > max(RSS_SLACK_MB, RSS_SLACK_RATIO * start):
+            grown.append(f"RSS of {name} grew from {start:.0f} MiB (round 1) to {end:.0f} MiB (round "
+                         f"{reports[-1].round})")  # fmt: skip
+    return grown
 
 
 async def run_round(cfg: StressConfig, number: int, rng: random.Random) -> RoundReport:
@@ -297,6 +327,8 @@ async def run_stress(cfg: StressConfig, echo: Callable[[str], None] | None = Non
     for number in range(cfg.rounds):
         rep = await run_round(cfg, number, rng)
         reports.append(rep)
+        if number == cfg.rounds - 1:
+            rep.problems.extend(check_rss_flat(reports))
         if echo is not None:
             echo(format_round(rep))
     return reports
@@ -308,7 +340,9 @@ def format_round(rep: RoundReport) -> str:
             f"{rep.failed} failed, {rep.server_errors} 5xx, {rep.hung} hung, "
             f"{rep.invalid_rejected}/{rep.invalid} bad requests refused (4xx) | {rep.wall_s:.1f} s, "
             f"idle after {idle}: pages {rep.free_pages} free + {rep.evictable_pages} cached / {rep.total_pages}, "
-            f"live {rep.live_requests} | RSS api {rep.rss_mb:.0f} MiB, all {rep.rss_total_mb:.0f} MiB")  # fmt: skip
+            f"live {rep.live_requests} | RSS MiB: "
+            + ", ".join(f"{name} {mb:.0f}" for name, mb in rep.rss_by_process.items())
+            + f", all {rep.rss_total_mb:.0f}")  # fmt: skip
     for problem in rep.problems[:10]:
         text += f"\n  ! {problem}"
     if len(rep.problems) > 10:
@@ -319,10 +353,10 @@ def format_round(rep: RoundReport) -> str:
 def parse_args(argv: list[str]) -> tuple[StressConfig, bool]:
     p = argparse.ArgumentParser(prog="python -m minisgl.bench stress", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", required=True, help="the server, on this machine (http://127.0.0.1:PORT)")
-    p.add_argument("--concurrency", type=int, default=500, help="valid streaming requests per round")
+    p.add_argument("--concurrency", type=int, default=300, help="valid streaming requests per round")
     p.add_argument("--disconnects", type=int, default=100, help="of those, cut at a random point")
-    p.add_argument("--invalid", type=int, default=50, help="bad requests per round (varied kinds)")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--invalid", type=int, default=50, help="bad and hostile requests per round (varied kinds)")
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=16, help="tokens per request (ignore_eos)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=120.0, help="seconds before a request counts as hung")

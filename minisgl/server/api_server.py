@@ -24,12 +24,13 @@ from minisgl.server.anthropic_api import add_anthropic_routes
 from minisgl.server.chat_protocol import ChatCompletionRequest
 from minisgl.server.choice import ChoiceOptions
 from minisgl.server.frontend import FrontendManager
+from minisgl.server.openapi import body, install_docs
 from minisgl.server.protocol import CompletionRequest, GenerateRequest, RequestError, parse_request
 from minisgl.server.request_msgs import chat_msgs, completion_msgs
 from minisgl.server.responses import ResponseBuilder, error_response
 from minisgl.server.session import Session, respond, respond_native
 from minisgl.server.state import AppState
-from minisgl.server.utility_routes import add_utility_routes
+from minisgl.server.utility_routes import DetokenizeRequest, TokenizeRequest, add_utility_routes
 from minisgl.utils.logging import get_logger
 
 __all__ = ["AppState", "create_app"]
@@ -37,6 +38,17 @@ __all__ = ["AppState", "create_app"]
 logger = get_logger(__name__)
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+_DESCRIPTION = ("OpenAI-compatible API (chat and text completions, models) and minisgl's own routes "
+                "(generate, tokenize, detokenize, health, metrics, stats). Errors use OpenAI's error object.")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("minisgl")
+    except PackageNotFoundError:
+        return "0"
 
 
 def create_app(state: AppState) -> FastAPI:
@@ -47,8 +59,9 @@ def create_app(state: AppState) -> FastAPI:
         yield
         await state.frontend.close()
 
-    app = FastAPI(title="minisgl", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    install_access(app, state.api_key, state.cors_origins)
+    app = FastAPI(title="minisgl", version=_version(), description=_DESCRIPTION, lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)  # served by install_docs (openapi.py)
+    install_access(app, state.api_key, state.cors_origins, state.max_body_bytes)
     app.state.metrics = state.metrics  # admission.guard_app exports its counters through it
 
     @app.exception_handler(RequestError)
@@ -72,7 +85,7 @@ def create_app(state: AppState) -> FastAPI:
         logger.exception("internal error on %s %s", request.method, request.url.path)
         return error_response(500, f"Internal server error: {type(exc).__name__}")
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         req: ChatCompletionRequest = parse_request(ChatCompletionRequest, await request.body())
         sampling, explicit = req.sampling(state.context_len)
@@ -86,7 +99,7 @@ def create_app(state: AppState) -> FastAPI:
         builder = ResponseBuilder("chat", req.model or state.served_model, inbox.rids, True, options)
         return await respond(session, builder, req.stream, req.include_usage)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=body(CompletionRequest))
     async def completions(request: Request) -> Response:
         req: CompletionRequest = parse_request(CompletionRequest, await request.body())
         sampling, explicit = req.sampling(COMPLETIONS_DEFAULT_MAX_TOKENS)
@@ -103,7 +116,7 @@ def create_app(state: AppState) -> FastAPI:
                                   len(prompts) == 1, options, echo_texts)  # fmt: skip
         return await respond(session, builder, req.stream, req.include_usage)
 
-    @app.post("/generate")
+    @app.post("/generate", openapi_extra=body(GenerateRequest))
     async def generate(request: Request) -> Response:
         req: GenerateRequest = parse_request(GenerateRequest, await request.body())
         prompt: Prompt = TextPrompt(req.text) if req.text is not None else TokenPrompt(req.input_ids or [])
@@ -146,6 +159,7 @@ def create_app(state: AppState) -> FastAPI:
 
     add_utility_routes(app, state)
     add_anthropic_routes(app, state)
+    install_docs(app, [ChatCompletionRequest, CompletionRequest, GenerateRequest, TokenizeRequest, DetokenizeRequest])
     return app
 
 

@@ -120,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--startup-timeout", type=positive_float, default=600.0,
                    help="seconds to wait for every worker to be ready (default: 600)")  # fmt: skip
     s.add_argument("--shell", action="store_true", help="chat in the terminal instead of serving HTTP")
-    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but "
-                   f"/health and /metrics (default: ${API_KEY_VAR}, else no key)")  # fmt: skip
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on "
+                   f"every route but /health (default: ${API_KEY_VAR}, else no key)")  # fmt: skip
     s.add_argument("--cors-origins", nargs="+", default=[], metavar="ORIGIN",
                    help="origins allowed to call the server from a browser ('*' for any)")  # fmt: skip
     r = p.add_argument_group("overload and shutdown")

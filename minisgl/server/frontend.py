@@ -88,7 +88,16 @@ class ServiceStats:
 @dataclass(eq=False)
 class Inbox:
     """Replies for the rids of one client request. `notify_each=False` wakes the owner only when
-    a rid finishes (non-streaming handlers do not need every token)."""
+    a rid finishes (non-streaming handlers do not need every token).
+
+    Memory held for a client that reads slowly or never reads its stream is bounded here: the
+    ASGI `send` of its response waits while the socket's write buffer is full (uvicorn's flow
+    control pauses at the transport's high-water mark, 64 KiB, beyond the kernel's socket
+    buffer), so the handler stops taking replies and they pile up in `items`, at most one
+    delta per generated token: the request's max_tokens (capped by the context length) times
+    its number of choices. Generation itself never waits for the client. The pile goes when
+    the client disconnects or --request-timeout ends the request; until then the request keeps
+    its admission slot (admission.py). tests/e2e/test_hostile.py measures it."""
 
     rids: list[int]
     notify_each: bool = True

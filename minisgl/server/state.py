@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from minisgl.server.access import MAX_BODY_BYTES
 from minisgl.server.frontend import FrontendAddrs, FrontendManager
 from minisgl.server.metrics import ServerMetrics
 
@@ -19,6 +20,7 @@ class AppState:
     started: int = 0
     api_key: str | None = None
     cors_origins: list[str] = field(default_factory=list)
+    max_body_bytes: int = MAX_BODY_BYTES  # larger bodies get 413 (access.BodyLimitMiddleware)
     frontend: FrontendManager | None = None
     metrics: ServerMetrics = field(init=False)
 

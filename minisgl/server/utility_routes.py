@@ -17,6 +17,7 @@ from minisgl.message.frontend import DetokenizedMsg, QueryErrorMsg, QueryReply, 
 from minisgl.message.tokenizer import ChatPrompt, DetokenizeQueryMsg, TextPrompt, TokenizeQueryMsg
 from minisgl.server.chat_protocol import check_message, check_tool
 from minisgl.server.metrics import CONTENT_TYPE
+from minisgl.server.openapi import body
 from minisgl.server.protocol import RequestError, _Strict, parse_request
 from minisgl.server.responses import error_response
 from minisgl.server.state import AppState
@@ -74,6 +75,14 @@ class DetokenizeRequest(_Strict):
     model: str | None = None
     tokens: list[int]
 
+    @field_validator("tokens")
+    @classmethod
+    def _tokens(cls, v: list[int]) -> list[int]:
+        bad = next((t for t in v if not 0 <= t < 2**63), None)  # the vocabulary is checked by the tokenizer
+        if bad is not None:
+            raise ValueError(f"token id {bad} is out of range")
+        return v
+
 
 def _answer(reply: QueryReply, ok: type) -> Any:
     if isinstance(reply, QueryErrorMsg):
@@ -83,7 +92,7 @@ def _answer(reply: QueryReply, ok: type) -> Any:
 
 
 def add_utility_routes(app: FastAPI, state: AppState) -> None:
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=body(TokenizeRequest))
     async def tokenize(request: Request) -> Response:
         req: TokenizeRequest = parse_request(TokenizeRequest, await request.body())
         try:
@@ -93,7 +102,7 @@ def add_utility_routes(app: FastAPI, state: AppState) -> None:
         tokens = _answer(reply, TokensMsg).token_ids
         return JSONResponse({"count": len(tokens), "max_model_len": state.context_len, "tokens": tokens})
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=body(DetokenizeRequest))
     async def detokenize(request: Request) -> Response:
         req: DetokenizeRequest = parse_request(DetokenizeRequest, await request.body())
         try:

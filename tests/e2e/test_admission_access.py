@@ -4,7 +4,9 @@ room for a single request in flight (1 running + 0 queued).
 - while that request holds the slot, a request without a valid key gets 401 (not 503), and one
   with the key gets 503 with Retry-After;
 - /metrics shows the 503s as `minisgl_rejected_requests_total` (the 401s are not counted);
-- while draining (SIGTERM) the same holds, and /health still answers 503 "draining" without a key.
+- while draining (SIGTERM) the same holds, and /health still answers 503 "draining" without a key;
+- every route but /health needs the key: the generation routes, /tokenize, /detokenize, /v1/models,
+  /metrics, /v1/internal/stats, /openapi.json, /docs (and its assets), unknown routes.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.service import Server, start_server
-from tests.e2e.test_api_endpoints import call, scrape, value
+from tests.e2e.test_api_endpoints import call, value
 
 KEY = "sk-admission-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -37,6 +39,43 @@ def full(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                        "--shutdown-timeout", "60")  # fmt: skip
     yield srv
     srv.stop()
+
+
+def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """/metrics (behind the key), parsed as test_api_endpoints.scrape does."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, headers, text = call(port, "GET", "/metrics", AUTH)
+    assert status == 200 and headers.get("content-type", "").startswith("text/plain"), (status, text)
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "model_name"))
+            out.setdefault(sample.name, {})[labels] = sample.value
+    return out
+
+
+# (method, path, body, status with the key): cheap requests; bad bodies prove the key was accepted.
+ROUTES = [
+    ("GET", "/v1/models", None, 200), ("GET", "/v1/models/nope", None, 404), ("GET", "/metrics", None, 200),
+    ("GET", "/v1/internal/stats", None, 200), ("GET", "/openapi.json", None, 200), ("GET", "/docs", None, 200),
+    ("GET", "/docs/assets/swagger-ui.css", None, 200), ("GET", "/nope", None, 404),
+    ("POST", "/tokenize", {"prompt": "x"}, 200), ("POST", "/detokenize", {"tokens": [1]}, 200),
+    ("POST", "/generate", {"sampling_params": {}}, 400), ("POST", "/v1/completions", {"prompt": ""}, 400),
+    ("POST", CHAT, {"messages": []}, 400), ("POST", "/v1/embeddings", {}, 404),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("method, path, body, with_key", ROUTES, ids=[f"{m} {p}" for m, p, _, _ in ROUTES])
+def test_every_route_but_health_needs_the_key(full: Server, method: str, path: str, body: Any,
+                                              with_key: int) -> None:  # fmt: skip
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        status, _, data = call(full.port, method, path, headers, body)
+        assert status == 401 and data["error"]["code"] == "invalid_api_key", (headers, status, data)
+    status, _, data = call(full.port, method, path, AUTH, body)
+    assert status == with_key, (status, data)
+    status, _, data = call(full.port, "GET", "/health", {})
+    assert status == 200 and data["status"] == "ok"
 
 
 def hold_the_slot(port: int) -> http.client.HTTPConnection:

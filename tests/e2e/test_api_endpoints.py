@@ -123,7 +123,8 @@ def test_api_key_required(keyed):
     assert call(keyed.port, "GET", "/v1/models", {})[0] == 401
     assert call(keyed.port, "POST", "/tokenize", {}, {"prompt": "x"})[0] == 401
     assert call(keyed.port, "GET", "/health", {})[0] == 200
-    assert call(keyed.port, "GET", "/metrics", {})[0] == 200
+    assert call(keyed.port, "GET", "/metrics", {})[0] == 401  # every route but /health needs the key
+    assert call(keyed.port, "GET", "/metrics", {"Authorization": f"Bearer {KEY}"})[0] == 200
     good = openai.OpenAI(base_url=f"{keyed.base_url}/v1", api_key=KEY, max_retries=0, timeout=120)
     assert good.chat.completions.create(model="m", messages=MSGS, max_tokens=2).choices[0].message.content is not None
     bad = openai.OpenAI(base_url=f"{keyed.base_url}/v1", api_key="nope", max_retries=0, timeout=120)

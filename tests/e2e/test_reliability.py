@@ -6,7 +6,8 @@
 - overload: beyond running capacity + --max-queued-requests, 503 at once with Retry-After;
 - --request-timeout ends streaming and plain requests with an error and frees their pages;
 - SIGTERM drains: 503 for new requests, in-flight ones finish, the rest end with an error, exit 0;
-- SIGKILL of each worker kind: /health fails within 5 s, the launcher exits non-zero, no child left.
+- SIGKILL of each worker kind while three requests stream: they end with an error, /health fails
+  within 5 s, the launcher exits non-zero, no child left.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from minisgl.bench.rawhttp import HttpReply, http_call
+from minisgl.bench.rawhttp import HttpError, HttpReply, http_call
 from minisgl.bench.stress import StressConfig, format_round, run_stress, valid_body
 from tests.e2e.service import REPO, Server, get_json, post_json, start_server, wait_idle
 
@@ -321,7 +322,7 @@ def _health_fails(port: int) -> bool:
 
 
 class TestDeadWorker:
-    """Three servers started together; each loses one worker to SIGKILL."""
+    """Three servers started together; each loses one worker to SIGKILL while it streams."""
 
     @pytest.mark.parametrize("worker", WORKERS)
     def test_killed_worker_stops_service(self, doomed_servers: dict[str, Server], worker: str) -> None:
@@ -329,10 +330,38 @@ class TestDeadWorker:
         family = [p.pid for p in psutil.Process(srv.proc.pid).children(recursive=True)]
         victim = srv.child_pids()[worker]
         assert victim in family
-        os.kill(victim, signal.SIGKILL)
-        killed = time.monotonic()
-        assert wait_until(lambda: _health_fails(srv.port), 5.0, step=0.05), f"/health still ok after killing {worker}"
-        assert time.monotonic() - killed <= 5.5
+
+        async def scenario() -> tuple[list[HttpReply | BaseException], float]:
+            body = json.dumps(long_body(True)).encode()
+            streams = [asyncio.ensure_future(http_call("127.0.0.1", srv.port, "POST", "/v1/chat/completions", body))
+                       for _ in range(3)]  # fmt: skip
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:  # kill once all three are decoding
+                _, stats = await asyncio.to_thread(get_json, srv.port, "/v1/internal/stats")
+                if stats["running"] == 3:
+                    break
+                await asyncio.sleep(0.05)
+            assert stats["running"] == 3, stats
+            os.kill(victim, signal.SIGKILL)
+            killed = time.monotonic()
+            failing = await asyncio.to_thread(wait_until, lambda: _health_fails(srv.port), 5.0, 0.05)
+            assert failing, f"/health still ok after killing {worker}"
+            took = time.monotonic() - killed
+            ended = await asyncio.wait_for(asyncio.gather(*streams, return_exceptions=True), 30)
+            return list(ended), took
+
+        ended, took = asyncio.run(scenario())
+        assert took <= 5.5
+        for reply in ended:  # in flight: ended with an error (or the connection closed), never completed
+            if isinstance(reply, BaseException):
+                assert isinstance(reply, (HttpError, OSError)), repr(reply)
+                continue
+            assert reply.status == 200 or reply.status >= 500, reply.status
+            if reply.status == 200:
+                payloads = events(reply)
+                assert completion_tokens(reply) != LONG_TOKENS
+                if reply.events and reply.events[-1] == "[DONE]":
+                    assert "error" in payloads[-1], payloads[-1:]
         code = srv.proc.wait(20)
         assert code != 0
         assert wait_until(lambda: all(_zombie(p) for p in family), 10), [p for p in family if not _zombie(p)]
