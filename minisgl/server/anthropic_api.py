@@ -28,6 +28,7 @@ from minisgl.server.anthropic_protocol import (
 )
 from minisgl.server.chat_protocol import ChatCompletionRequest
 from minisgl.server.choice import ChoiceOptions, ChoiceState, ChoiceUpdate
+from minisgl.server.openapi import body
 from minisgl.server.frontend import Reply
 from minisgl.server.protocol import RequestError, parse_request
 from minisgl.server.session import ClientGone, Session, _CleanupStreamingResponse, first_error
@@ -185,7 +186,7 @@ async def _respond(session: Session, builder: MessageBuilder, stream: bool) -> R
 
 
 def add_anthropic_routes(app: FastAPI, state: AppState) -> None:
-    @app.post("/v1/messages")
+    @app.post("/v1/messages", openapi_extra=body(MessagesRequest))
     async def messages(request: Request) -> Response:
         try:
             req: MessagesRequest = parse_request(MessagesRequest, await request.body())
@@ -198,7 +199,7 @@ def add_anthropic_routes(app: FastAPI, state: AppState) -> None:
         await session.submit([TokenizeMsg(inbox.rids[0], _prompt(chat), sampling, explicit, chat.stop_list())])
         return await _respond(session, MessageBuilder(req.model, _options(chat)), req.stream)
 
-    @app.post("/v1/messages/count_tokens")
+    @app.post("/v1/messages/count_tokens", openapi_extra=body(CountTokensRequest))
     async def count_tokens(request: Request) -> Response:
         try:
             req: CountTokensRequest = parse_request(CountTokensRequest, await request.body())
@@ -214,6 +215,7 @@ def add_anthropic_routes(app: FastAPI, state: AppState) -> None:
             return anthropic_error(400, getattr(reply, "message", "the prompt could not be tokenized"))
         return JSONResponse({"input_tokens": len(reply.token_ids)})
 
-    @app.api_route("/v1/messages/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    @app.api_route("/v1/messages/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+                   include_in_schema=False)  # a catch-all 404 in Anthropic's shape: not an operation
     async def unknown(request: Request, rest: str) -> Response:
         return anthropic_error(404, f"Unknown route: {request.method} {request.url.path}")

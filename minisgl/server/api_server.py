@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from minisgl.message.tokenizer import Prompt, TextPrompt, TokenizeMsg, TokenPrompt
 from minisgl.server.access import install_access
 from minisgl.server.anthropic_api import add_anthropic_routes
+from minisgl.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from minisgl.server.chat_protocol import ChatCompletionRequest
 from minisgl.server.choice import ChoiceOptions
 from minisgl.server.frontend import FrontendManager
@@ -159,7 +160,8 @@ def create_app(state: AppState) -> FastAPI:
 
     add_utility_routes(app, state)
     add_anthropic_routes(app, state)
-    install_docs(app, [ChatCompletionRequest, CompletionRequest, GenerateRequest, TokenizeRequest, DetokenizeRequest])
+    install_docs(app, [ChatCompletionRequest, CompletionRequest, GenerateRequest, TokenizeRequest, DetokenizeRequest,
+                       MessagesRequest, CountTokensRequest])
     return app
 
 
