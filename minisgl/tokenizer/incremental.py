@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from minisgl.core import FinishReason
 from minisgl.message.frontend import ErrorMsg, TextDelta, TokenLogprob
 from minisgl.message.tokenizer import DetokRegisterMsg, TokenOut
-from minisgl.tokenizer.token_text import TokenText, logprob_entries
+from minisgl.tokenizer.token_text import TokenText, joined_text, logprob_entries
 from minisgl.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -100,6 +100,7 @@ class IncrementalDetokenizer:
     def __init__(self, batch_decode: BatchDecode, token_text: TokenText | None = None) -> None:
         self._decode = batch_decode
         self._token_text = token_text or self._text_by_decode
+        self._has_token_text = token_text is not None  # echo keeps special tokens through it
         self.states: dict[int, DecodeState] = {}
         # Finished by a stop string; waiting for the scheduler's own final output, then dropped.
         self.stopped: set[int] = set()
@@ -203,7 +204,8 @@ class IncrementalDetokenizer:
             logprobs=state.unsent_logprobs,
         )
         if echo and state.echo_ids is not None:
-            delta.prompt_text = self._decode([state.echo_ids])[0]
+            ids = state.echo_ids
+            delta.prompt_text = joined_text(self._token_text, ids) if self._has_token_text else self._decode([ids])[0]
             delta.prompt_logprobs = state.prompt_logprobs
             state.echo_ids = state.prompt_logprobs = None
         result.deltas.append(delta)
