@@ -47,20 +47,23 @@ def test_stream_usage(server):
     assert all("usage" not in e for e in plain)
 
 
-@pytest.mark.parametrize("form", ["text", "ids", "texts", "id_lists"])
-def test_echo_logprobs_on_every_prompt_form(client, prompt_ids, form):
-    prompt = {"text": PROMPT, "ids": prompt_ids, "texts": [PROMPT, PROMPT], "id_lists": [prompt_ids, prompt_ids]}[form]
-    r = client.completions.create(model="m", prompt=prompt, max_tokens=2, temperature=0, echo=True, logprobs=1,
-                                  extra_body={"ignore_eos": True})  # fmt: skip
-    assert len(r.choices) == (2 if form in ("texts", "id_lists") else 1)
-    for choice in r.choices:
-        lp = choice.logprobs
-        assert choice.text.startswith(PROMPT) and len(lp.tokens) == len(prompt_ids) + 2
-        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
-        assert all(v <= 0 for v in lp.token_logprobs[1:])
-        assert "".join(lp.tokens) == choice.text
-        assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
-    assert r.usage.prompt_tokens == len(prompt_ids) * len(r.choices)
+def test_echo_logprobs_on_every_prompt_form(client, prompt_ids, token):
+    """Text, token ids, a list of texts, a list of id lists: the echo and the prompt's logprobs
+    lead each choice, the tokens spell the text, offsets count token texts."""
+    tid, text = token
+    forms = [PROMPT, prompt_ids, [PROMPT, PROMPT], [prompt_ids, prompt_ids]]
+    results = parallel(*[lambda p=p: client.completions.create(model="m", prompt=p, max_tokens=2, echo=True, logprobs=1,
+                                                               logit_bias={str(tid): 100}) for p in forms])  # fmt: skip
+    for count, r in zip([1, 1, 2, 2], results):
+        assert len(r.choices) == count
+        for choice in r.choices:
+            lp = choice.logprobs
+            assert choice.text == PROMPT + text * 2 and len(lp.tokens) == len(prompt_ids) + 2
+            assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+            assert all(v <= 0 for v in lp.token_logprobs[1:])
+            assert "".join(lp.tokens) == choice.text
+            assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+        assert r.usage.prompt_tokens == len(prompt_ids) * len(r.choices)
 
 
 @pytest.mark.parametrize("logprobs", [None, 0])
@@ -102,9 +105,9 @@ def test_parallel_streaming_n3(server):
     assert sorted(finishes) == [0, 1, 2]
 
 
-def test_logprobs_stream_offsets_continue(server):
-    events = stream_events(server, PATH, {"prompt": PROMPT, "max_tokens": 3, "ignore_eos": True, "logprobs": 2,
-                                          "temperature": 0})  # fmt: skip
+def test_logprobs_stream_offsets_continue(server, token):
+    events = stream_events(server, PATH, {"prompt": PROMPT, "max_tokens": 3, "logprobs": 2,
+                                          "logit_bias": {str(token[0]): 100}})  # fmt: skip
     tokens, offsets, text = [], [], ""
     for e in events:
         lp = e["choices"][0]["logprobs"]

@@ -5,27 +5,33 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.e2e.service import parallel, post_json
 
 MSGS = [{"role": "system", "content": "You are a coding assistant."}, {"role": "user", "content": "Write an example"}]
 
 
-@pytest.mark.parametrize("response_format, expected", [
+CONSTANTS = [
     ({"type": "json_object", "schema": {"const": "42"}}, '"42"'),
     ({"type": "json_schema", "json_schema": {"schema": {"const": "foooooo"}}}, '"foooooo"'),
     ({"type": "json_schema", "json_schema": {"name": "n", "schema": {"enum": [7]}, "strict": True}}, "7"),
-])  # fmt: skip
-def test_constant_schemas(server, response_format, expected):
-    chat, cmpl = parallel(
-        lambda: post_json(server.port, "/v1/chat/completions",
-                          {"messages": MSGS, "max_tokens": 10, "response_format": response_format}),
-        lambda: post_json(server.port, "/v1/completions",
-                          {"prompt": "Example:", "max_tokens": 10, "response_format": response_format}))  # fmt: skip
-    assert chat[0] == 200 and chat[1]["choices"][0]["message"]["content"] == expected, chat
-    assert cmpl[0] == 200 and cmpl[1]["choices"][0]["text"] == expected, cmpl
-    assert chat[1]["choices"][0]["finish_reason"] == "stop"
+]  # fmt: skip
+
+
+def test_constant_schemas(server):
+    """llama.cpp's test_completion_with_response_format cases whose output the schema fixes, on
+    chat and completions (all six at once)."""
+    calls = []
+    for response_format, _ in CONSTANTS:
+        calls.append(lambda f=response_format: post_json(server.port, "/v1/chat/completions",
+                                                         {"messages": MSGS, "max_tokens": 10, "response_format": f}))
+        calls.append(lambda f=response_format: post_json(server.port, "/v1/completions",
+                                                         {"prompt": "Example:", "max_tokens": 10, "response_format": f}))
+    results = parallel(*calls)
+    for i, (_, expected) in enumerate(CONSTANTS):
+        (s1, chat), (s2, cmpl) = results[2 * i], results[2 * i + 1]
+        assert s1 == 200 and chat["choices"][0]["message"]["content"] == expected, chat
+        assert s2 == 200 and cmpl["choices"][0]["text"] == expected, cmpl
+        assert chat["choices"][0]["finish_reason"] == "stop"
 
 
 def test_json_object_is_an_object(server):

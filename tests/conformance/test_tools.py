@@ -53,39 +53,48 @@ def streamed_calls(events: list[dict]) -> tuple[list[dict], str | None]:
     return calls, finish
 
 
-@pytest.mark.parametrize("tool_choice", ["required", NAMED])
-def test_forced_call_with_defs(server, client, tool_choice):
-    body = {"messages": ASK, "tools": TOOLS, "tool_choice": tool_choice, "max_tokens": 48, "temperature": 0,
-            "parallel_tool_calls": False}  # fmt: skip
-    r, events = parallel(lambda: client.chat.completions.create(model="m", **body),
-                         lambda: stream_events(server, PATH, body))  # fmt: skip
-    choice = r.choices[0]
-    assert choice.finish_reason == "tool_calls" and not choice.message.content
-    [call] = choice.message.tool_calls
-    assert call.type == "function" and call.id.startswith("call_")
-    if tool_choice == NAMED:
-        assert call.function.name == "get_weather"
-    if call.function.name == "get_weather":
-        assert valid(call.function.arguments), call.function.arguments
-    calls, finish = streamed_calls(events)
-    assert finish == "tool_calls" and len(calls) == 1
-    assert calls[0]["name"] == call.function.name and calls[0]["arguments"] == call.function.arguments
+def test_forced_call_with_defs(server, client):
+    """vLLM's test_function_tool_use / test_named_tool_use with its $defs schema: required and
+    named, streamed and not (all four at once); the arguments follow the schema, and the streamed
+    argument deltas join into the whole arguments."""
+    def body(tool_choice):
+        return {"messages": ASK, "tools": TOOLS, "tool_choice": tool_choice, "max_tokens": 40, "temperature": 0,
+                "parallel_tool_calls": False}  # fmt: skip
+
+    results = parallel(*[fn for choice in ("required", NAMED) for fn in (
+        lambda c=choice: client.chat.completions.create(model="m", **body(c)),
+        lambda c=choice: stream_events(server, PATH, body(c)))])  # fmt: skip
+    for tool_choice, r, events in [("required", *results[:2]), (NAMED, *results[2:])]:
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls" and not choice.message.content
+        [call] = choice.message.tool_calls
+        assert call.type == "function" and call.id.startswith("call_")
+        if tool_choice == NAMED:
+            assert call.function.name == "get_weather"
+        if call.function.name == "get_weather":
+            assert valid(call.function.arguments), call.function.arguments
+        calls, finish = streamed_calls(events)
+        assert finish == "tool_calls" and len(calls) == 1
+        assert calls[0]["name"] == call.function.name and calls[0]["arguments"] == call.function.arguments
 
 
-@pytest.mark.parametrize("tool_choice", ["required", NAMED])
-@pytest.mark.parametrize("stream", [False, True])
-def test_forced_call_cut_by_max_tokens(server, client, tool_choice, stream):
+def test_forced_call_cut_by_max_tokens(server, client):
     """vLLM's test_max_tokens_with_tool_choice_required: finish "length", no tool call, no content."""
-    body = {"messages": ASK, "tools": TOOLS, "tool_choice": tool_choice, "max_completion_tokens": 1}
-    if not stream:
-        choice = client.chat.completions.create(model="m", **body).choices[0]
+    def body(tool_choice):
+        return {"messages": ASK, "tools": TOOLS, "tool_choice": tool_choice, "max_completion_tokens": 1}
+
+    full_req, full_named, stream_req, stream_named = parallel(
+        lambda: client.chat.completions.create(model="m", **body("required")),
+        lambda: client.chat.completions.create(model="m", **body(NAMED)),
+        lambda: stream_events(server, PATH, body("required")),
+        lambda: stream_events(server, PATH, body(NAMED)))
+    for r in (full_req, full_named):
+        choice = r.choices[0]
         assert choice.finish_reason == "length" and not choice.message.tool_calls and not choice.message.content
-        return
-    events = stream_events(server, PATH, body)
-    assert events[-1]["choices"][0]["finish_reason"] == "length"
-    assert all(not e["choices"][0]["delta"].get("content") for e in events)
-    if tool_choice == "required":  # nothing whole to send
-        assert all("tool_calls" not in e["choices"][0]["delta"] for e in events)
+    for events in (stream_req, stream_named):
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
+        assert all(not e["choices"][0]["delta"].get("content") for e in events)
+    assert all("tool_calls" not in e["choices"][0]["delta"] for e in stream_req)  # nothing whole to send
 
 
 def test_tool_choice_none_and_auto(client):
