@@ -204,7 +204,7 @@ def check_message(index: int, message: Any) -> dict[str, Any]:
 def _check_call(where: str, call: Any) -> dict[str, Any]:
     if not isinstance(call, dict) or call.get("type", "function") != "function":
         raise ValueError(f"{where}: a tool call is {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}")
-    function = call.get("function")
+    function: Any = call.get("function")
     valid = isinstance(function, dict) and isinstance(function.get("name"), str) \
         and isinstance(function.get("arguments", "{}"), str)
     if not valid:

@@ -263,7 +263,7 @@ def structured_output(response_format: dict[str, Any] | None) -> tuple[str | Non
     if kind == "json_object" and "schema" not in response_format:
         return None, True
     if kind == "json_object":  # llama.cpp's form: a JSON object that follows `schema`
-        spec = {"schema": response_format["schema"]}
+        spec: Any = {"schema": response_format["schema"]}
         where = "response_format.schema"
     else:
         spec = response_format.get("json_schema")

@@ -45,8 +45,8 @@ class ResponseBuilder:
 
     `shared_prompt`: every choice has the same prompt (chat, n > 1), so usage counts it once;
     else each run of `n` consecutive choices shares one prompt (completions with a list of
-    prompts and `n`), counted once per prompt. `echo_texts`: per choice, the prompt string to echo (completions with echo; None: use the
-    detokenized prompt, for token-id prompts)."""
+    prompts and `n`), counted once per prompt. `echo_texts`: per choice, the prompt string to echo
+    (completions with echo; None: use the detokenized prompt, for token-id prompts)."""
 
     def __init__(self, kind: Kind, model: str, rids: list[int], shared_prompt: bool,
                  options: ChoiceOptions | None = None, echo_texts: list[str | None] | None = None,

@@ -19,7 +19,8 @@ def test_non_stream_shape(client):
     assert choice.index == 0 and choice.message.role == "assistant" and isinstance(choice.message.content, str)
     assert choice.finish_reason in ("stop", "length") and choice.logprobs is None
     u = r.usage
-    assert u.prompt_tokens > 0 and 0 < u.completion_tokens <= 4 and u.total_tokens == u.prompt_tokens + u.completion_tokens
+    assert u.prompt_tokens > 0 and 0 < u.completion_tokens <= 4
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens
 
 
 def test_stream_matches_non_stream_and_openai_chunk_shape(server, client):

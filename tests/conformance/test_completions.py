@@ -86,8 +86,9 @@ def test_echo_without_generation(server, prompt_ids):
 def test_list_of_prompts_with_n_counts_each_prompt_once(server, prompt_ids):
     body = {"prompt": [prompt_ids[:5], prompt_ids[:5]], "n": 2, "max_tokens": 2, "ignore_eos": True, "seed": 3,
             "temperature": 1}  # fmt: skip
+    usage_body = {**body, "stream_options": {"include_usage": True}}
     (status, r), events = parallel(lambda: post_json(server.port, PATH, body),
-                                   lambda: stream_events(server, PATH, {**body, "stream_options": {"include_usage": True}}))
+                                   lambda: stream_events(server, PATH, usage_body))
     assert status == 200 and [c["index"] for c in r["choices"]] == [0, 1, 2, 3]
     assert r["usage"]["prompt_tokens"] == 10 and r["usage"]["completion_tokens"] == 8
     assert events[-1]["usage"]["prompt_tokens"] == 10

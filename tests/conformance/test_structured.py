@@ -24,8 +24,8 @@ def test_constant_schemas(server):
     for response_format, _ in CONSTANTS:
         calls.append(lambda f=response_format: post_json(server.port, "/v1/chat/completions",
                                                          {"messages": MSGS, "max_tokens": 10, "response_format": f}))
-        calls.append(lambda f=response_format: post_json(server.port, "/v1/completions",
-                                                         {"prompt": "Example:", "max_tokens": 10, "response_format": f}))
+        calls.append(lambda f=response_format: post_json(
+            server.port, "/v1/completions", {"prompt": "Example:", "max_tokens": 10, "response_format": f}))
     results = parallel(*calls)
     for i, (_, expected) in enumerate(CONSTANTS):
         (s1, chat), (s2, cmpl) = results[2 * i], results[2 * i + 1]
@@ -47,5 +47,6 @@ def test_text_format_and_regex(server):
     (s1, plain), (s2, rx) = parallel(
         lambda: post_json(server.port, "/v1/chat/completions",
                           {"messages": MSGS, "max_tokens": 2, "response_format": {"type": "text"}}),
-        lambda: post_json(server.port, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 8, "regex": "(yes|no)"}))
+        lambda: post_json(server.port, "/v1/chat/completions",
+                          {"messages": MSGS, "max_tokens": 8, "regex": "(yes|no)"}))
     assert s1 == 200 and s2 == 200 and rx["choices"][0]["message"]["content"] in ("yes", "no")

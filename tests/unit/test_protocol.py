@@ -248,7 +248,8 @@ def test_messages_lenient_like_vllm():
                                           "function": {"name": "f", "arguments": "{}", "x": 2}}]}])  # fmt: skip
     assert req.messages[0] == {"role": "system", "content": "s"}
     assert req.messages[2] == {"role": "observation", "content": "custom role", "name": "env"}
-    assert req.messages[3]["tool_calls"] == [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    assert req.messages[3]["tool_calls"] == [call]
 
 
 def test_logit_bias_error_names_every_bad_key():
