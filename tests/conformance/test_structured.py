@@ -36,7 +36,7 @@ def test_constant_schemas(server):
 
 def test_json_object_is_an_object(server):
     status, r = post_json(server.port, "/v1/chat/completions",
-                          {"messages": MSGS, "max_tokens": 12, "response_format": {"type": "json_object"}})
+                          {"messages": MSGS, "max_tokens": 4, "response_format": {"type": "json_object"}})
     text = r["choices"][0]["message"]["content"]
     assert status == 200 and text.startswith("{")
     if r["choices"][0]["finish_reason"] == "stop":
