@@ -114,7 +114,7 @@ def create_app(state: AppState) -> FastAPI:
         options = ChoiceOptions(logprobs=req.logprobs is not None, echo=req.echo)
         echo_texts = [p if isinstance(p, str) else None for p in raw for _ in range(req.n)]
         builder = ResponseBuilder("completion", req.model or state.served_model, inbox.rids,
-                                  len(prompts) == 1, options, echo_texts)  # fmt: skip
+                                  len(prompts) == 1, options, echo_texts, n=req.n)  # fmt: skip
         return await respond(session, builder, req.stream, req.include_usage)
 
     @app.post("/generate", openapi_extra=body(GenerateRequest))

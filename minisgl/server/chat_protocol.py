@@ -1,7 +1,8 @@
 """The chat completions body: messages (tool turns included), tools, tool_choice, logprobs.
 
 Validated as strictly as the rest of protocol.py: a field or value the server cannot honour is a
-400 that names it.
+400 that names it. Messages are the exception, parsed as leniently as vLLM's: a message's unknown
+fields are ignored and custom roles go to the chat template (docs/openai_api.md).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from minisgl.core import SamplingParams
 from minisgl.server.protocol import NAME_PATTERN, RequestError, _SamplingFields, schema_problem, structured_output
 from minisgl.server.tools import tool_choice_schema
 
-ROLES = ("system", "user", "assistant", "developer", "tool")
 # Template variables the server sets itself.
 RESERVED_TEMPLATE_KWARGS = frozenset(
     {"messages", "tools", "documents", "chat_template", "tokenize", "return_dict", "add_generation_prompt",
@@ -40,7 +40,10 @@ class ChatCompletionRequest(_SamplingFields):
     def _messages(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not v:
             raise ValueError("messages must not be empty")
-        return [check_message(i, m) for i, m in enumerate(v)]
+        messages = [check_message(i, m) for i, m in enumerate(v)]
+        if len(messages) >= 2 and messages[-1]["role"] == messages[-2]["role"] == "assistant":
+            raise ValueError("the conversation may end with at most one assistant message (the one continued)")
+        return messages
 
     @field_validator("max_completion_tokens")
     @classmethod
@@ -157,29 +160,26 @@ def check_tool(index: int, tool: Any) -> str:
     return name
 
 
-_MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id"}
-# Fields an assistant message returned by a server carries; harmless when empty.
-_NULL_ONLY = {"refusal", "function_call", "audio", "annotations"}
-
-
-def check_message(index: int, message: dict[str, Any]) -> dict[str, Any]:
+def check_message(index: int, message: Any) -> dict[str, Any]:
+    """One message, as leniently as vLLM: fields the server does not know are ignored, and a role
+    other than the five OpenAI ones is handed to the chat template as it is."""
     where = f"messages[{index}]"
-    extra = set(message) - _MESSAGE_FIELDS - {k for k in _NULL_ONLY if not message.get(k)}
-    if extra:
-        raise ValueError(f"{where}: unsupported field '{sorted(extra)[0]}'")
+    if not isinstance(message, dict):
+        raise ValueError(f"{where}: a message is an object with 'role' and 'content'")
     role = message.get("role")
-    if role not in ROLES:
-        raise ValueError(f"{where}: unknown role {role!r}; expected one of {', '.join(ROLES)}")
+    if not isinstance(role, str) or not role:
+        raise ValueError(f"{where}: 'role' must be a non-empty string (system, user, assistant, developer, tool "
+                         "or a role the chat template knows)")  # fmt: skip
     content = message.get("content")
     calls = message.get("tool_calls")
-    if content is None and not (role == "assistant"):
+    if content is None and role != "assistant":
         raise ValueError(f"{where}: 'content' is required")
     if isinstance(content, list):
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise ValueError(f"{where}.content[{j}]: content part type {kind!r} is not supported, only 'text'")
-            if not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+            if not isinstance(part.get("text"), str):  # other fields of a part are ignored
                 raise ValueError(f"{where}.content[{j}]: a text part is {{'type': 'text', 'text': <string>}}")
     elif content is not None and not isinstance(content, str):
         raise ValueError(f"{where}: 'content' must be a string or a list of text parts")
@@ -196,18 +196,17 @@ def check_message(index: int, message: dict[str, Any]) -> dict[str, Any]:
         if role != "assistant":
             raise ValueError(f"{where}: 'tool_calls' is only for role 'assistant'")
         out["tool_calls"] = [_check_call(f"{where}.tool_calls[{j}]", call) for j, call in enumerate(calls)]
-    if "name" in message and role in ("tool", "user", "assistant"):
+    if "name" in message and role != "developer":
         out["name"] = message["name"]
     return out
 
 
 def _check_call(where: str, call: Any) -> dict[str, Any]:
-    if not isinstance(call, dict) or call.get("type", "function") != "function" \
-            or set(call) - {"id", "type", "function", "index"}:  # fmt: skip
+    if not isinstance(call, dict) or call.get("type", "function") != "function":
         raise ValueError(f"{where}: a tool call is {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}")
-    function = call.get("function")
+    function: Any = call.get("function")
     valid = isinstance(function, dict) and isinstance(function.get("name"), str) \
-        and isinstance(function.get("arguments", "{}"), str) and not set(function) - {"name", "arguments"}
+        and isinstance(function.get("arguments", "{}"), str)
     if not valid:
         raise ValueError(f"{where}.function must be {{'name': <string>, 'arguments': <JSON string>}}")
     return {"id": str(call.get("id") or ""), "type": "function",

@@ -6,6 +6,7 @@ totals at the end.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,8 +98,22 @@ class ChoiceState:
             self.completion_tokens = delta.completion_tokens
         update.content += parsed.content
         update.calls = parsed.calls
+        if update.finish_reason == "length" and self.options.tool_mode in ("required", "named"):
+            update.content = ""  # a forced reply is JSON, never content
         self._record(update)
+        if update.finish_reason == "length":
+            self._drop_cut_call()
         return update
+
+    def _drop_cut_call(self) -> None:
+        """A forced call cut short by max_tokens is no call (vLLM, OpenAI): finish "length", no
+        tool_calls. (A stream has sent its argument deltas already; its finish_reason says so.)"""
+        if self.options.tool_mode == "named" and self.calls:
+            try:
+                json.loads(self.calls[0]["function"]["arguments"])
+            except ValueError:
+                self.calls = []
+                self.content_parts = []
 
     def _record(self, update: ChoiceUpdate) -> None:
         if update.content:

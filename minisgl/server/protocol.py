@@ -17,6 +17,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 from minisgl.core import SamplingError, SamplingParams
 
 
+# Request-field limits (docs/openai_api.md). OpenAI allows 4 stop strings and 300 biased tokens;
+# these are the server's own bounds, each a 400 naming the field past it.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1000
+MAX_STOP_TOKEN_IDS = 256
+MAX_LOGIT_BIAS = 300
+
+
 class RequestError(ValueError):
     """A client error: HTTP 400 (or `status`) with OpenAI's error body."""
 
@@ -123,25 +131,42 @@ class _SamplingFields(_Strict):
     @field_validator("stop")
     @classmethod
     def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(v, list) and len(v) > 16:
-            raise ValueError("at most 16 stop strings are supported")
+        stops = [v] if isinstance(v, str) else v or []
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are supported, got {len(stops)}")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"a stop string may have at most {MAX_STOP_CHARS} characters")
         return v
 
     @field_validator("stop_token_ids")
     @classmethod
     def _stop_token_ids(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and len(v) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop token ids are supported, got {len(v)}")
         if v is not None and any(t < 0 for t in v):
             raise ValueError("token ids must be >= 0")
+        return v
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v: int | None) -> int | None:
+        if v is not None and not -(2**63) <= v < 2**63:
+            raise ValueError("seed must fit a signed 64-bit integer: [-2^63, 2^63 - 1]")
         return v
 
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        for key, bias in (v or {}).items():
-            if not key.isdigit():
-                raise ValueError(f"keys must be token ids (non-negative integers as strings), got {key!r}")
-            if not -100 <= bias <= 100:
-                raise ValueError(f"the bias of token {key} must be in [-100, 100], got {bias}")
+        if v is not None and len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens may be biased, got {len(v)}")
+        keys = [k for k in (v or {}) if not k.isdigit()]
+        if keys:
+            raise ValueError("keys must be token ids (non-negative integers as strings), got "
+                             + ", ".join(repr(k) for k in keys))  # fmt: skip
+        biases = [k for k, bias in (v or {}).items() if not -100 <= bias <= 100]
+        if biases:
+            raise ValueError("biases must be in [-100, 100]; out of range for token "
+                             + ", ".join(f"{k} ({v[k]})" for k in biases if v is not None))  # fmt: skip
         return v
 
     @field_validator("regex")
@@ -225,7 +250,7 @@ def structured_output(response_format: dict[str, Any] | None) -> tuple[str | Non
     if response_format is None:
         return None, False
     kind = response_format.get("type")
-    allowed = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
+    allowed = {"text": {"type"}, "json_object": {"type", "schema"}, "json_schema": {"type", "json_schema"}}
     if kind not in allowed:
         raise RequestError("response_format.type must be 'text', 'json_object' or 'json_schema'",
                            "response_format.type")  # fmt: skip
@@ -234,9 +259,14 @@ def structured_output(response_format: dict[str, Any] | None) -> tuple[str | Non
         raise RequestError(f"Unsupported field 'response_format.{sorted(extra)[0]}'", "response_format")
     if kind == "text":
         return None, False
-    if kind == "json_object":
+    if kind == "json_object" and "schema" not in response_format:
         return None, True
-    spec = response_format.get("json_schema")
+    if kind == "json_object":  # llama.cpp's form: a JSON object that follows `schema`
+        spec: Any = {"schema": response_format["schema"]}
+        where = "response_format.schema"
+    else:
+        spec = response_format.get("json_schema")
+        where = "response_format.json_schema.schema"
     if not isinstance(spec, dict):
         raise RequestError("response_format.json_schema must be an object with 'name' and 'schema'",
                            "response_format.json_schema")  # fmt: skip
@@ -244,14 +274,14 @@ def structured_output(response_format: dict[str, Any] | None) -> tuple[str | Non
     if extra:
         raise RequestError(f"Unsupported field 'response_format.json_schema.{sorted(extra)[0]}'",
                            "response_format.json_schema")  # fmt: skip
-    if not isinstance(spec.get("name"), str) or not NAME_PATTERN.fullmatch(spec["name"]):
+    name = spec.get("name", "response")  # required by OpenAI, but it changes nothing: optional here
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise RequestError("response_format.json_schema.name must be a string of a-z, A-Z, 0-9, _ and - "
                            "(at most 64)", "response_format.json_schema.name")  # fmt: skip
     schema = spec.get("schema", {})
     problem = schema_problem(schema)
     if problem is not None:
-        raise RequestError(f"response_format.json_schema.schema is not a valid JSON schema: {problem}",
-                           "response_format.json_schema.schema")  # fmt: skip
+        raise RequestError(f"{where} is not a valid JSON schema: {problem}", where)
     if not isinstance(spec.get("strict", False), (bool, type(None))):
         raise RequestError("response_format.json_schema.strict must be a boolean",
                            "response_format.json_schema.strict")  # fmt: skip

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from minisgl.message.frontend import TextDelta, TokenLogprob
 from minisgl.server.choice import ChoiceOptions, ChoiceState, ChoiceUpdate
 from minisgl.server.logprobs import CompletionLogprobs, chat_logprobs
+from minisgl.server.tools import ToolCallDelta
 
 Kind = Literal["chat", "completion"]
 DONE = b"data: [DONE]\n\n"
@@ -42,12 +43,14 @@ def sse(obj: dict[str, Any]) -> bytes:
 class ResponseBuilder:
     """The objects of one client request (chat or text completion) with `n` choices.
 
-    `shared_prompt`: every choice has the same prompt (chat, n > 1), so usage counts it once.
-    `echo_texts`: per choice, the prompt string to echo (completions with echo; None: use the
-    detokenized prompt, for token-id prompts)."""
+    `shared_prompt`: every choice has the same prompt (chat, n > 1), so usage counts it once;
+    else each run of `n` consecutive choices shares one prompt (completions with a list of
+    prompts and `n`), counted once per prompt. `echo_texts`: per choice, the prompt string to echo
+    (completions with echo; None: use the detokenized prompt, for token-id prompts)."""
 
     def __init__(self, kind: Kind, model: str, rids: list[int], shared_prompt: bool,
-                 options: ChoiceOptions | None = None, echo_texts: list[str | None] | None = None) -> None:  # fmt: skip
+                 options: ChoiceOptions | None = None, echo_texts: list[str | None] | None = None,
+                 n: int = 1) -> None:  # fmt: skip
         self.kind = kind
         self.model = model
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
@@ -59,6 +62,7 @@ class ResponseBuilder:
         self.offsets = [CompletionLogprobs() for _ in rids]  # completions' text_offset, per choice
         self.pending: list[list[TokenLogprob]] = [[] for _ in rids]  # logprobs of held-back text
         self.shared_prompt = shared_prompt
+        self.n = max(1, n)
         self.object = "chat.completion" if kind == "chat" else "text_completion"
         self.chunk_object = "chat.completion.chunk" if kind == "chat" else "text_completion"
 
@@ -66,12 +70,10 @@ class ResponseBuilder:
         return self.choices[self.index[delta.rid]].add(delta)
 
     def usage(self) -> dict[str, Any]:
-        if self.shared_prompt:
-            prompt = max(c.prompt_tokens for c in self.choices)
-            cached = max(c.cached_tokens for c in self.choices)
-        else:
-            prompt = sum(c.prompt_tokens for c in self.choices)
-            cached = sum(c.cached_tokens for c in self.choices)
+        size = len(self.choices) if self.shared_prompt else self.n
+        groups = [self.choices[i : i + size] for i in range(0, len(self.choices), size)]
+        prompt = sum(max(c.prompt_tokens for c in group) for group in groups)
+        cached = sum(max(c.cached_tokens for c in group) for group in groups)
         completion = sum(c.completion_tokens for c in self.choices)
         return {
             "prompt_tokens": prompt,
@@ -116,32 +118,50 @@ class ResponseBuilder:
                     "model": self.model, "choices": choices})  # fmt: skip
 
     def role_chunk(self) -> bytes:
-        """Chat streams open with the assistant role, once per choice."""
-        return self._chunk(
-            [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-             for i in range(len(self.choices))]
+        """Chat streams open with the assistant role: one chunk per choice, as OpenAI sends them
+        (a client reading `choices[0]` sees each choice start)."""
+        return b"".join(
+            self._chunk([{"index": i, "delta": {"role": "assistant", "content": None}, "logprobs": None,
+                          "finish_reason": None}])
+            for i in range(len(self.choices))
         )  # fmt: skip
 
     def delta_chunk(self, delta: TextDelta) -> bytes | None:
-        """The chunk for one delta; the finishing delta carries its finish_reason. Logprobs of
-        text held back (stop strings, tool-call markup) ride with the next chunk."""
+        """The chunks for one delta. Chat: text (or tool calls) and their logprobs in one chunk,
+        the finish_reason in a last one of its own with an empty delta, as OpenAI sends them;
+        completions: the last text and the finish_reason in one chunk (vLLM's shape). Logprobs
+        of text held back (stop strings, tool-call markup) ride with the next chunk."""
         i = self.index[delta.rid]
         update = self.add(delta)
         self.pending[i] += update.logprobs
-        if not update.content and not update.calls and update.finish_reason is None:
-            return None
-        logprobs = self._logprobs(i, self.pending[i]) if self.pending[i] else None
-        self.pending[i] = []
+        out = b""
+        if self.kind == "completion" and update.finish_reason is not None:
+            logprobs = self._logprobs(i, self.pending[i]) if self.pending[i] else None
+            self.pending[i] = []
+            choice = self._choice(i, update.content, [], logprobs, update.finish_reason, update.stop_reason)
+            return self._chunk([choice])
+        if update.content or update.calls:
+            logprobs = self._logprobs(i, self.pending[i]) if self.pending[i] else None
+            self.pending[i] = []
+            out += self._chunk([self._choice(i, update.content, update.calls, logprobs, None, None)])
+        if update.finish_reason is not None:
+            logprobs = self._logprobs(i, self.pending[i]) if self.pending[i] else None
+            self.pending[i] = []
+            out += self._chunk([self._choice(i, "", [], logprobs, update.finish_reason, update.stop_reason)])
+        return out or None
+
+    def _choice(self, i: int, content: str, calls: list[ToolCallDelta], logprobs: dict[str, Any] | None,
+                finish_reason: str | None, stop_reason: str | int | None) -> dict[str, Any]:  # fmt: skip
         choice: dict[str, Any] = {"index": i}
         if self.kind == "chat":
-            body: dict[str, Any] = {"content": update.content} if update.content else {}
-            if update.calls:
-                body["tool_calls"] = [call.to_json() for call in update.calls]
+            body: dict[str, Any] = {"content": content} if content else {}
+            if calls:
+                body["tool_calls"] = [call.to_json() for call in calls]
             choice["delta"] = body
         else:
-            choice["text"] = update.content
-        choice.update(logprobs=logprobs, finish_reason=update.finish_reason, stop_reason=update.stop_reason)
-        return self._chunk([choice])
+            choice["text"] = content
+        choice.update(logprobs=logprobs, finish_reason=finish_reason, stop_reason=stop_reason)
+        return choice
 
     def usage_chunk(self) -> bytes:
         return sse({"id": self.id, "object": self.chunk_object, "created": self.created,

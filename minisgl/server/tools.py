@@ -59,24 +59,56 @@ def new_call_id() -> str:
 
 
 def tool_choice_schema(tools: list[dict[str, Any]], forced: str | None, parallel: bool) -> dict[str, Any]:
-    """The JSON schema of a forced reply: the named function's arguments, or a list of calls."""
+    """The JSON schema of a forced reply: the named function's arguments, or a list of calls.
+
+    In the list, a tool whose parameters use references (`$ref` to its `$defs`, or to itself) is
+    moved under the root's `$defs` as `tool_<name>` and its references rewritten to point there,
+    so every definition it needs stays reachable from the new root."""
 
     def parameters(tool: dict[str, Any]) -> dict[str, Any]:
         return tool["function"].get("parameters") or {"type": "object", "properties": {}}
 
     if forced is not None:
         return parameters(next(t for t in tools if t["function"]["name"] == forced))
-    calls = [
-        {"type": "object",
-         "properties": {"name": {"type": "string", "enum": [t["function"]["name"]]}, "parameters": parameters(t)},
-         "required": ["name", "parameters"]}
-        for t in tools
-    ]  # fmt: skip
+    defs: dict[str, Any] = {}
+    calls: list[dict[str, Any]] = []
+    for t in tools:
+        name = t["function"]["name"]
+        params = parameters(t)
+        if _has_ref(params):
+            defs[f"tool_{name}"] = _rebase_refs(params, f"#/$defs/tool_{name}")
+            params = {"$ref": f"#/$defs/tool_{name}"}
+        calls.append({"type": "object",
+                      "properties": {"name": {"type": "string", "enum": [name]}, "parameters": params},
+                      "required": ["name", "parameters"]})  # fmt: skip
     items = calls[0] if len(calls) == 1 else {"anyOf": calls}
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": items}
     if not parallel:
         schema["maxItems"] = 1
+    if defs:
+        schema["$defs"] = defs
     return schema
+
+
+def _has_ref(node: Any) -> bool:
+    if isinstance(node, dict):
+        return isinstance(node.get("$ref"), str) or any(_has_ref(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_has_ref(v) for v in node)
+    return False
+
+
+def _rebase_refs(node: Any, base: str) -> Any:
+    """A copy of `node` whose local references (`#`, `#/...`) point below `base` instead."""
+    if isinstance(node, dict):
+        out = {k: _rebase_refs(v, base) for k, v in node.items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+            out["$ref"] = base + ref[1:]
+        return out
+    if isinstance(node, list):
+        return [_rebase_refs(v, base) for v in node]
+    return node
 
 
 def _as_call(obj: Any, names: set[str]) -> tuple[str, str] | None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from minisgl.core import FinishReason
 from minisgl.message.frontend import TextDelta, TokenLogprob
 from minisgl.message.tokenizer import DetokFacts, TokenOut, TokenOutMsg
-from minisgl.tokenizer.token_text import TokenText, logprob_entries
+from minisgl.tokenizer.token_text import TokenText, joined_text, logprob_entries
 from minisgl.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -104,6 +104,7 @@ class IncrementalDetokenizer:
         logprobs) only, at the end of each request, with no per-step decoding."""
         self._decode = batch_decode
         self._token_text = token_text or self._text_by_decode
+        self._has_token_text = token_text is not None  # echo keeps special tokens through it
         self.states: dict[int, DecodeState] = {}
         # Finished by a stop string (rid -> replica); waiting for the scheduler's own final
         # output, then dropped.
@@ -215,7 +216,11 @@ class IncrementalDetokenizer:
             logprobs=state.unsent_logprobs,
         )
         if echo and state.echo_ids is not None:
-            delta.prompt_text = self._decode([state.echo_ids])[0] if self._decode is not None else ""
+            ids = state.echo_ids
+            if self._has_token_text:  # special tokens keep their text, as the peers echo them
+                delta.prompt_text = joined_text(self._token_text, ids)
+            else:
+                delta.prompt_text = self._decode([ids])[0] if self._decode is not None else ""
             delta.prompt_logprobs = state.prompt_logprobs
             state.echo_ids = state.prompt_logprobs = None
         result.deltas.append(delta)

@@ -79,6 +79,13 @@ def slow_token_text(tokenizer: Any) -> TokenText:
     return text_of
 
 
+def joined_text(text_of: TokenText, token_ids: list[int]) -> str:
+    """The text of `token_ids` with special tokens kept (`<|endoftext|>` reads as itself): what
+    vLLM, SGLang and llama.cpp echo for a token-id prompt. Characters split across tokens are
+    joined from their bytes."""
+    return b"".join(text_of(t)[1] for t in token_ids).decode("utf-8", errors="replace")
+
+
 def logprob_entries(text_of: TokenText, token_ids: list[int], raw: list[Any]) -> list[TokenLogprob]:
     """Scheduler logprobs `[(logprob | None, [(id, logprob)])]`, aligned with `token_ids`, -> wire
     entries with token texts."""

@@ -21,7 +21,7 @@ BAD_CHAT = [
     b"{}",
     json.dumps({"model": "m", "messages": []}).encode(),
     json.dumps({"model": "m", "messages": "hello"}).encode(),
-    json.dumps({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}).encode(),
+    json.dumps({"model": "m", "messages": [{"role": 7, "content": "x"}]}).encode(),  # custom string roles are allowed
     json.dumps({"model": "m", "messages": [{"role": "user"}]}).encode(),
     json.dumps({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}).encode(),  # noqa: E501
     json.dumps({"model": "m", "messages": OK_MSGS, "max_tokens": -5}).encode(),

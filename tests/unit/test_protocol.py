@@ -67,12 +67,14 @@ def test_content_parts_and_developer_role():
         ({"seed": "x"}, "seed"),
         ({"messages": []}, "messages"),
         ({"messages": "hi"}, "messages"),
-        ({"messages": [{"role": "bot", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": 5, "content": "x"}]}, "messages"),
+        ({"messages": [{"content": "x"}]}, "messages"),  # no role
+        ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                       {"role": "assistant", "content": "c"}]}, "messages"),  # two trailing assistant turns
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),  # no tool_call_id
         ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages"),
         ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function",
                         "function": {"name": "f", "arguments": {"a": 1}}}]}]}, "messages"),  # fmt: skip
-        ({"messages": [{"role": "user", "content": "x", "refusal": "no"}]}, "messages"),
         ({"messages": [{"role": "user"}]}, "messages"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]}, "messages"),
         ({"messages": [{"role": "user", "content": 3}]}, "messages"),
@@ -101,7 +103,16 @@ def test_content_parts_and_developer_role():
         ({"response_format": {"type": "xml"}}, "response_format"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": []}}}, "response_format"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "bad name", "schema": {}}}},
+         "response_format"),
+        ({"response_format": {"type": "json_object", "schema": 123}}, "response_format"),
+        ({"response_format": {"type": "json_object", "schema": {"type": "hiccup"}}}, "response_format"),
+        ({"seed": 2**63}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"stop": ["x"] * 17}, "stop"),
+        ({"stop": "x" * 1001}, "stop"),
+        ({"stop_token_ids": list(range(257))}, "stop_token_ids"),
+        ({"logit_bias": {str(i): 1.0 for i in range(301)}}, "logit_bias"),
         ({"response_format": {"type": "json_object"}, "regex": "a+"}, "regex"),
         ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
         ({"chat_template_kwargs": "x"}, "chat_template_kwargs"),
@@ -225,3 +236,37 @@ def test_tool_turns_in_history():
     ])  # fmt: skip
     assert req.messages[1]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
     assert req.messages[2] == {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}
+
+
+def test_messages_lenient_like_vllm():
+    req = chat(messages=[{"role": "system", "content": "s", "extra_field": 1, "refusal": "no"},
+                         {"role": "user", "content": [{"type": "text", "text": "a", "cache_control": {}}],
+                          "weight": 0.5},
+                         {"role": "observation", "content": "custom role", "name": "env"},
+                         {"role": "assistant", "content": None, "audio": {"id": "x"},
+                          "tool_calls": [{"id": "c", "type": "function", "extra": 1,
+                                          "function": {"name": "f", "arguments": "{}", "x": 2}}]}])  # fmt: skip
+    assert req.messages[0] == {"role": "system", "content": "s"}
+    assert req.messages[2] == {"role": "observation", "content": "custom role", "name": "env"}
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    assert req.messages[3]["tool_calls"] == [call]
+
+
+def test_logit_bias_error_names_every_bad_key():
+    err = bad_chat(logit_bias={"abc": 1.0, "7": 1.0, "x-1": 2.0})
+    assert err.param == "logit_bias" and "'abc'" in str(err) and "'x-1'" in str(err)
+    err = bad_chat(logit_bias={"1": 101, "2": 0, "3": -300})
+    assert "1 (101" in str(err) and "3 (-300" in str(err) and "2 (" not in str(err)
+
+
+def test_seed_bounds_are_int64():
+    for seed in (-(2**63), -1, 0, 2**63 - 1):
+        assert chat(seed=seed).seed == seed
+
+
+def test_response_format_llama_cpp_forms():
+    params = chat(response_format={"type": "json_object", "schema": {"const": "42"}}).sampling(8)[0]
+    assert json.loads(params.json_schema) == {"const": "42"} and not params.json_object
+    params = chat(response_format={"type": "json_schema", "json_schema": {"schema": {"const": "f"}}}).sampling(8)[0]
+    assert json.loads(params.json_schema) == {"const": "f"}  # the name is optional
+    assert chat(response_format={"type": "json_object"}).sampling(8)[0].json_object

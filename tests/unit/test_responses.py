@@ -15,7 +15,8 @@ def lp(token: str, value: float) -> TokenLogprob:
 
 
 def events(chunks: list[bytes | None]) -> list[dict]:
-    return [json.loads(c[6:]) for c in chunks if c is not None]
+    """Every SSE event of the chunks (one delta may give two: its text, then its finish)."""
+    return [json.loads(e[6:]) for c in chunks if c is not None for e in c.split(b"\n\n") if e]
 
 
 def test_chat_stream_with_hermes_call_and_logprobs():
@@ -52,5 +53,58 @@ def test_named_tool_streams_arguments_and_no_logprobs_key_when_off():
                                             b.delta_chunk(TextDelta(1, ": 2}", [2], "stop", 1, 0, 2))])]  # fmt: skip
     assert evs[0]["delta"]["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a"'}
     assert evs[1]["delta"]["tool_calls"][0] == {"index": 0, "function": {"arguments": ": 2}"}}
-    assert evs[1]["finish_reason"] == "tool_calls" and evs[0]["logprobs"] is None
+    assert evs[2] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "tool_calls", "stop_reason": None}
+    assert evs[1]["finish_reason"] is None and evs[0]["logprobs"] is None
     assert b.full()["choices"][0]["message"]["content"] is None
+
+
+def test_named_tool_cut_by_max_tokens_is_no_call():
+    options = ChoiceOptions(tool_mode="named", tool_names=("f",), forced_tool="f")
+    b = ResponseBuilder("chat", "m", [1], True, options)
+    b.add(TextDelta(1, '{"a"', [1]))
+    b.add(TextDelta(1, ": ", [2], "length", 1, 0, 2))
+    choice = b.full()["choices"][0]
+    assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"]
+    assert choice["message"]["content"] == ""
+    done = ResponseBuilder("chat", "m", [1], True, options)  # complete arguments at the limit: a call
+    done.add(TextDelta(1, '{"a": 1}', [1], "length", 1, 0, 1))
+    assert done.full()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'
+
+
+def test_required_tool_cut_by_max_tokens_keeps_only_whole_calls():
+    b = ResponseBuilder("chat", "m", [1], True, ChoiceOptions(tool_mode="required", tool_names=("f",)))
+    b.add(TextDelta(1, '[{"name": "f", "param', [1], "length", 1, 0, 1))
+    choice = b.full()["choices"][0]
+    assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"]
+    assert choice["message"]["content"] == ""
+
+
+def test_stream_n2_each_choice_opens_with_its_own_role_chunk():
+    b = ResponseBuilder("chat", "m", [1, 2], True)
+    evs = events([b.role_chunk()])
+    assert [e["choices"] for e in evs] == [
+        [{"index": i, "delta": {"role": "assistant", "content": None}, "logprobs": None, "finish_reason": None}]
+        for i in (0, 1)
+    ]  # fmt: skip
+
+
+def test_chat_finish_comes_alone_completion_finish_carries_text():
+    chat = ResponseBuilder("chat", "m", [1], True)
+    evs = [e["choices"][0] for e in events([chat.delta_chunk(TextDelta(1, "end", [1], "length", 3, 0, 1))])]
+    assert evs[0]["delta"] == {"content": "end"} and evs[0]["finish_reason"] is None
+    assert evs[1]["delta"] == {} and evs[1]["finish_reason"] == "length"
+    cmpl = ResponseBuilder("completion", "m", [1], True)
+    evs = [e["choices"][0] for e in events([cmpl.delta_chunk(TextDelta(1, "end", [1], "length", 3, 0, 1))])]
+    assert len(evs) == 1 and evs[0]["text"] == "end" and evs[0]["finish_reason"] == "length"
+
+
+def test_usage_counts_each_prompt_once_with_n():
+    b = ResponseBuilder("completion", "m", [1, 2, 3, 4], False, n=2)  # 2 prompts x n=2
+    for rid, prompt in zip([1, 2, 3, 4], [5, 5, 7, 7]):
+        b.add(TextDelta(rid, "x", [9], "length", prompt, 2, 1))
+    assert b.usage()["prompt_tokens"] == 12 and b.usage()["completion_tokens"] == 4
+    assert b.usage()["prompt_tokens_details"]["cached_tokens"] == 4
+    shared = ResponseBuilder("chat", "m", [1, 2], True)
+    for rid in (1, 2):
+        shared.add(TextDelta(rid, "x", [9], "length", 5, 0, 1))
+    assert shared.usage()["prompt_tokens"] == 5

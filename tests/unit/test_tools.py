@@ -155,3 +155,29 @@ def test_template_with_tools_gets_them_natively_and_kwargs():
     assert text.startswith("TOOLS=get_weather\n")
     assert '[call get_weather {"city": "Paris"}]' in text  # arguments handed over as an object
     assert "tool:sunny(call_1)" in text and text.endswith("thinking=False")
+
+
+DEFS_PARAMS = {
+    "$defs": {"Loc": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+    "type": "object", "properties": {"location": {"$ref": "#/$defs/Loc"}, "again": {"$ref": "#"}},
+}  # fmt: skip
+
+
+def test_required_schema_keeps_defs_reachable():
+    tools = [{"type": "function", "function": {"name": "w", "parameters": DEFS_PARAMS}},
+             {"type": "function", "function": {"name": "add"}}]  # fmt: skip
+    schema = tool_choice_schema(tools, None, True)
+    first = schema["items"]["anyOf"][0]["properties"]["parameters"]
+    assert first == {"$ref": "#/$defs/tool_w"}
+    moved = schema["$defs"]["tool_w"]
+    assert moved["properties"]["location"] == {"$ref": "#/$defs/tool_w/$defs/Loc"}
+    assert moved["properties"]["again"] == {"$ref": "#/$defs/tool_w"}
+    assert DEFS_PARAMS["properties"]["location"] == {"$ref": "#/$defs/Loc"}  # the request is not changed
+    from jsonschema import Draft202012Validator
+
+    valid = [{"name": "w", "parameters": {"location": {"city": "Paris"}, "again": {}}}]
+    Draft202012Validator(schema).validate(valid)
+    assert not Draft202012Validator(schema).is_valid([{"name": "w", "parameters": {"location": {}}}])
+    xgr = pytest.importorskip("xgrammar")
+    xgr.Grammar.from_json_schema(json.dumps(schema))  # compiles: every reference resolves
+    assert tool_choice_schema(tools, "w", True) == DEFS_PARAMS
