@@ -35,7 +35,7 @@ import triton.language as tl
 
 from minisgl.attention.triton_backend import _longest_first
 from minisgl.kernels.attention import GRAPH_TUNED, decode_attention, decode_num_splits, extend_attention
-from minisgl.kernels.impl import num_sms
+from minisgl.kernels.tuning import device_name
 
 HQ, HKV, D, PAGE = 16, 8, 128, 16
 SHAPES = [(256, 512), (256, 900), (128, 1000), (64, 1200), (32, 1000), (8, 1000), (1, 1100)]
@@ -137,7 +137,7 @@ def graphs(k: torch.Tensor, v: torch.Tensor, num_pages: int) -> None:
         nbytes = 2 * sum(lens) * HKV * D * 2
         order = longest_first(padded, k.device)
         splits0 = decode_num_splits(size, HKV, D, None, k.device)
-        tuned = GRAPH_TUNED.get((num_sms(k.device), HKV, HQ, D), {}).get(size)
+        tuned = GRAPH_TUNED.get((device_name(k.device), HKV, HQ, D), {}).get(size)
         results = []
         for splits, blk, warps, stages in itertools.product(
             sorted({max(1, splits0 // 2), splits0, min(64, splits0 * 2)}), (32, 64), (2, 4), (2, 3, 4)

@@ -51,7 +51,7 @@ def padded_rows(n: int) -> int:
     two / 64 (at most 1.6 % more rows). cuBLAS spends ~0.3-4 ms of host time on a GEMM shape it
     has not run before (its heuristics, and loading the kernel it picks), against ~30 us for one it
     has; an eager prefill step, whose row counts would otherwise be new every step, then stalls
-    the GPU (scripts/probe_gemm_host.py)."""
+    the GPU (tools/probe_gemm_host.py)."""
     if n <= 8:
         return 1 << (n - 1).bit_length() if n else 0
     if n <= 1024:

@@ -1,7 +1,7 @@
 """The Triton kernels address the KV pool only through its strides: on a head-major pool
 ([Hkv, slots, D] seen as [slots, Hkv, D] through a permuted view) they give the token-major
 results bit for bit. (The engine keeps the token-major pool: on the H200 the head-major one read
-no faster, `scripts/sweep_decode_attention.py --layout`.) Interpreter on CPU."""
+no faster, `tools/sweep_decode_attention.py --layout`.) Interpreter on CPU."""
 
 from __future__ import annotations
 
