@@ -87,3 +87,13 @@ def test_builder_folds_deltas_into_one_completion():
     assert out.logprobs is not None and len(out.logprobs) == 3 and out.cumulative_logprob == -1.0
     assert b.prompt_logprobs is not None and b.prompt_logprobs[0] is None and b.prompt_logprobs[1][9].rank == 1
     assert b.cached_tokens == 4 and b.finished
+
+
+def test_kernel_switches_are_llm_keywords() -> None:
+    """`LLM(pdl=False)` is `kernels=KernelConfig(pdl=False)`: the kernel switches route like the
+    other config fields, and the rest of the kernel config keeps its defaults."""
+    from minisgl.platform.kernel_config import KernelConfig
+
+    engine, _ = split_config(None, {"pdl": False, "fold_norms": False, "page_size": 8})
+    assert engine.kernels == KernelConfig(pdl=False, fold_norms=False) and engine.page_size == 8
+    assert split_config(None, {})[0].kernels == KernelConfig()
