@@ -19,16 +19,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from minisgl.message.frontend import ErrorMsg, TextDelta, TokensMsg
-from minisgl.message.tokenizer import ChatPrompt, TokenizeMsg, TokenizeQueryMsg
+from minisgl.message.tokenizer import ChatPrompt, TokenizeQueryMsg
 from minisgl.server.anthropic_protocol import (
     CountTokensRequest,
     MessagesRequest,
     anthropic_error,
     anthropic_error_body,
 )
-from minisgl.server.chat_protocol import ChatCompletionRequest
 from minisgl.server.choice import ChoiceOptions, ChoiceState, ChoiceUpdate
 from minisgl.server.openapi import body
+from minisgl.server.request_msgs import chat_msgs, chat_options, chat_prompt
 from minisgl.server.frontend import Reply
 from minisgl.server.protocol import RequestError, parse_request
 from minisgl.server.session import ClientGone, Session, _CleanupStreamingResponse, first_error
@@ -146,15 +146,6 @@ class MessageBuilder:
         return out
 
 
-def _options(chat: ChatCompletionRequest) -> ChoiceOptions:
-    return ChoiceOptions(tool_mode=chat.tool_mode, tool_names=tuple(chat.tool_names), forced_tool=chat.forced_tool,
-                         parallel_tools=chat.parallel_tool_calls is not False)  # fmt: skip
-
-
-def _prompt(chat: ChatCompletionRequest) -> ChatPrompt:
-    return ChatPrompt(chat.messages, chat.prompt_tools(), {})
-
-
 async def _respond(session: Session, builder: MessageBuilder, stream: bool) -> Response:
     try:
         replies = await (session.first() if stream else session.collect())
@@ -196,14 +187,14 @@ def add_anthropic_routes(app: FastAPI, state: AppState) -> None:
             return anthropic_error(exc.status, str(exc))
         inbox = state.fm.open(1, notify_each=req.stream)
         session = Session(state.fm, request, inbox)
-        await session.submit([TokenizeMsg(inbox.rids[0], _prompt(chat), sampling, explicit, chat.stop_list())])
-        return await _respond(session, MessageBuilder(req.model, _options(chat)), req.stream)
+        await session.submit(chat_msgs(chat, inbox.rids, sampling, explicit))
+        return await _respond(session, MessageBuilder(req.model, chat_options(chat)), req.stream)
 
     @app.post("/v1/messages/count_tokens", openapi_extra=body(CountTokensRequest))
     async def count_tokens(request: Request) -> Response:
         try:
             req: CountTokensRequest = parse_request(CountTokensRequest, await request.body())
-            prompt = _prompt(req.to_chat())
+            prompt = chat_prompt(req.to_chat())
         except RequestError as exc:
             return anthropic_error(exc.status, str(exc))
         query = ChatPrompt(prompt.messages, prompt.tools, {"add_generation_prompt": True})

@@ -27,7 +27,7 @@ from minisgl.server.choice import ChoiceOptions
 from minisgl.server.frontend import FrontendManager
 from minisgl.server.openapi import body, install_docs
 from minisgl.server.protocol import CompletionRequest, GenerateRequest, RequestError, parse_request
-from minisgl.server.request_msgs import chat_msgs, completion_msgs
+from minisgl.server.request_msgs import chat_msgs, chat_options, completion_msgs
 from minisgl.server.responses import ResponseBuilder, error_response
 from minisgl.server.session import Session, respond, respond_native
 from minisgl.server.state import AppState
@@ -94,10 +94,7 @@ def create_app(state: AppState) -> FastAPI:
         msgs = chat_msgs(req, inbox.rids, sampling, explicit)
         session = Session(state.fm, request, inbox)
         await session.submit(msgs)
-        options = ChoiceOptions(tool_mode=req.tool_mode, tool_names=tuple(req.tool_names),
-                                forced_tool=req.forced_tool, parallel_tools=req.parallel_tool_calls is not False,
-                                logprobs=bool(req.logprobs))  # fmt: skip
-        builder = ResponseBuilder("chat", req.model or state.served_model, inbox.rids, True, options)
+        builder = ResponseBuilder("chat", req.model or state.served_model, inbox.rids, True, chat_options(req))
         return await respond(session, builder, req.stream, req.include_usage)
 
     @app.post("/v1/completions", openapi_extra=body(CompletionRequest))

@@ -7,12 +7,23 @@ from __future__ import annotations
 from minisgl.core import SamplingParams, fan_out
 from minisgl.message.tokenizer import ChatPrompt, Prompt, TokenizeMsg
 from minisgl.server.chat_protocol import ChatCompletionRequest
+from minisgl.server.choice import ChoiceOptions
 from minisgl.server.protocol import CompletionRequest
+
+
+def chat_prompt(req: ChatCompletionRequest) -> ChatPrompt:
+    return ChatPrompt(req.messages, req.prompt_tools(), dict(req.chat_template_kwargs or {}))
+
+
+def chat_options(req: ChatCompletionRequest) -> ChoiceOptions:
+    """How a chat body's replies are split into text and tool calls (and whether they carry logprobs)."""
+    return ChoiceOptions(tool_mode=req.tool_mode, tool_names=tuple(req.tool_names), forced_tool=req.forced_tool,
+                         parallel_tools=req.parallel_tool_calls is not False, logprobs=bool(req.logprobs))  # fmt: skip
 
 
 def chat_msgs(req: ChatCompletionRequest, rids: list[int], sampling: SamplingParams, explicit: bool) -> list[TokenizeMsg]:
     """The `req.n` requests of a chat body (`sampling`, `explicit`: from `req.sampling`)."""
-    prompt = ChatPrompt(req.messages, req.prompt_tools(), dict(req.chat_template_kwargs or {}))
+    prompt = chat_prompt(req)
     return [TokenizeMsg(rid, prompt, choice, explicit, req.stop_list(), include_stop=req.include_stop_str_in_output)
             for rid, choice in zip(rids, fan_out(sampling, req.n))]  # fmt: skip
 
