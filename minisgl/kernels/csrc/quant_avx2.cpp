@@ -59,22 +59,7 @@ struct V {
   }
   static inline float h2f_lo(const uint8_t* p) { return _mm_cvtss_f32(h2f_4bytes(p)); }
   static inline void h2f_pair(const uint8_t* p, float* out) { _mm_storel_pi((__m64*)out, h2f_4bytes(p)); }
-  template <int MAP> static inline F nib_map(F q, F d, F m) {
-    if (MAP == NIB_MUL_ADD) return add(mul(d, q), m);
-    if (MAP == NIB_MUL_SUB) return sub(mul(d, q), m);
-    return mul(d, sub(q, set1(8.f)));
-  }
-  template <int MAP> static inline void nibbles(I q, float d, float m, F* lo, F* hi) {
-    const F dv = set1(d), mv = set1(m);
-    cvt_u8(shr_mask(q, 0, 0x0F), lo);
-    cvt_u8(shr_mask(q, 4, 0x0F), hi);
-    for (int v = 0; v < 16 / VL; ++v) lo[v] = nib_map<MAP>(lo[v], dv, mv), hi[v] = nib_map<MAP>(hi[v], dv, mv);
-  }
-  template <int MAP> static inline void nibbles_sel(I q, int high, float d, float m, F* out) {
-    const F dv = set1(d), mv = set1(m);
-    cvt_u8(shr_mask(q, high ? 4 : 0, 0x0F), out);
-    for (int v = 0; v < 16 / VL; ++v) out[v] = nib_map<MAP>(out[v], dv, mv);
-  }
+#include "quant_nibbles.h"  // nib_map, nibbles, nibbles_sel over the primitives above
 };
 
 }  // namespace avx2
