@@ -31,7 +31,7 @@ from minisgl.server.openapi import body
 from minisgl.server.request_msgs import chat_msgs, chat_options, chat_prompt
 from minisgl.server.frontend import Reply
 from minisgl.server.protocol import RequestError, parse_request
-from minisgl.server.session import ClientGone, Session, _CleanupStreamingResponse, first_error
+from minisgl.server.session import Session, _CleanupStreamingResponse
 from minisgl.server.state import AppState
 
 
@@ -147,18 +147,11 @@ class MessageBuilder:
 
 
 async def _respond(session: Session, builder: MessageBuilder, stream: bool) -> Response:
-    try:
-        replies = await (session.first() if stream else session.collect())
-    except ClientGone:
-        session.close()
-        return Response(status_code=499)
-    err = first_error(replies)
-    if err is not None or not stream:
-        session.close()
-        if err is not None:
-            return anthropic_error(err.status, err.message)
+    replies = await session.opening(stream, lambda err: anthropic_error(err.status, err.message))
+    if isinstance(replies, Response):
+        return replies
+    if not stream:
         return JSONResponse(builder.full(replies))
-    session.end_watch()
     first = next((r for r in replies if isinstance(r, TextDelta)), None)
 
     async def chunks() -> AsyncIterator[bytes]:

@@ -101,6 +101,25 @@ class Session:
                 break
         return out
 
+    async def opening(self, stream: bool, on_error: Callable[[ErrorMsg], Response]) -> list[Reply] | Response:
+        """The replies a response starts from: all of them, or the first batch when streaming. Or
+        the response that ends it now: 499 for a client gone, `on_error` (the API's own error
+        shape) for a refused request. The session is closed unless a stream goes on from here
+        (then the streaming response watches the connection)."""
+        try:
+            replies = await (self.first() if stream else self.collect())
+        except ClientGone:
+            self.close()
+            return Response(status_code=499)
+        err = first_error(replies)
+        if err is not None or not stream:
+            self.close()
+            if err is not None:
+                return on_error(err)
+        else:
+            self.end_watch()
+        return replies
+
     def end_watch(self) -> None:
         self.watch.cancel()
 
@@ -120,25 +139,14 @@ def error_from(msg: ErrorMsg) -> JSONResponse:
 async def respond(
     session: Session, builder: ResponseBuilder, stream: bool, include_usage: bool
 ) -> Response:
-    try:
-        if not stream:
-            replies = await session.collect()
-        else:
-            replies = await session.first()
-    except ClientGone:
-        session.close()
-        return Response(status_code=499)
-    err = first_error(replies)
-    if err is not None:
-        session.close()
-        return error_from(err)
+    replies = await session.opening(stream, error_from)
+    if isinstance(replies, Response):
+        return replies
     if not stream:
-        session.close()
         for r in replies:
             if isinstance(r, TextDelta):
                 builder.add(r)
         return JSONResponse(builder.full())
-    session.end_watch()  # from here on the streaming response watches the connection
 
     async def chunks() -> AsyncIterator[bytes]:
         head: list[bytes] = [builder.role_chunk()] if builder.kind == "chat" else []
@@ -178,23 +186,16 @@ async def respond_native(session: Session, stream: bool) -> Response:
             meta.update(finish_reason=delta.finish_reason, prompt_tokens=delta.prompt_tokens,
                         completion_tokens=delta.completion_tokens, cached_tokens=delta.cached_tokens)  # fmt: skip
 
-    try:
-        replies = await (session.first() if stream else session.collect())
-    except ClientGone:
-        session.close()
-        return Response(status_code=499)
-    err = first_error(replies)
-    if err is not None or not stream:
-        session.close()
-        if err is not None:
-            return error_from(err)
+    replies = await session.opening(stream, error_from)
+    if isinstance(replies, Response):
+        return replies
+    if not stream:
         deltas = [r for r in replies if isinstance(r, TextDelta)]
         for d in deltas:
             fill(d)
         text = "".join(d.text for d in deltas)
         ids = [t for d in deltas for t in d.token_ids]
         return JSONResponse({"text": text, "output_ids": ids, "meta_info": meta})
-    session.end_watch()
 
     def chunk(d: TextDelta) -> bytes:
         fill(d)
