@@ -5,6 +5,7 @@ Nothing here imports torch, so the API server and tokenizer processes stay light
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -12,23 +13,45 @@ FinishReason = Literal["stop", "length", "abort"]
 
 
 class SamplingError(ValueError):
-    """A sampling value out of range; `param` names the field (the server answers 400 with it)."""
+    """A sampling value out of range; `param` names the field (the server answers 400 with it).
+
+    Messages quote the field as `'param'`, so a front end whose request calls it otherwise
+    (`max_completion_tokens`, `sampling_params.max_new_tokens`) can name its own field."""
 
     def __init__(self, message: str, param: str) -> None:
         super().__init__(message)
         self.param = param
 
+    def renamed(self, name: str) -> str:
+        """The message, naming the field `name` instead of `param`."""
+        message = str(self)
+        quoted = f"'{self.param}'"
+        return message.replace(quoted, f"'{name}'", 1) if quoted in message else f"'{name}': {message}"
 
+
+# The sampling rules (docs/openai_api.md). OpenAI allows 4 stop strings and 300 biased tokens;
+# these are the server's own bounds, each a 400 naming the field past it.
 MAX_N = 64  # choices per request
 MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1000
+MAX_STOP_TOKEN_IDS = 256
+MAX_LOGIT_BIAS = 300
+MAX_LOGPROBS = 20
+PENALTY_RANGE = (-2.0, 2.0)  # presence and frequency penalties
+MAX_REPETITION_PENALTY = 10.0
+BIAS_RANGE = (-100.0, 100.0)
+SEED_RANGE = (-(2**63), 2**63 - 1)  # a signed 64-bit integer
 
 
 @dataclass
 class SamplingParams:
     """Per-request sampling controls, vLLM-shaped; `temperature == 0` means greedy.
 
-    `__post_init__` is the one check of these values, for every front end (HTTP, shell, `LLM`);
-    what depends on the prompt (token id ranges, context fit) is checked by the tokenizer stage.
+    `__post_init__` is the one check of these values, for every front end (HTTP, shell, `LLM`):
+    the API's request models only check types and translate their fields into this object.
+    What depends on the model (token id ranges, context and KV pool fit) is checked once more
+    at the entry, by the tokenizer stage (`RequestTokenizer`); a grammar is compiled by the
+    scheduler. Decoding one from the wire does not check again (`unchecked`).
     `n`, `stop` and `include_stop_str_in_output` are read by the front end: `n` fans out into
     requests (`fan_out`), the stop strings go to the detokenizer; the scheduler ignores them."""
 
@@ -53,37 +76,72 @@ class SamplingParams:
     json_object: bool = False
     regex: str | None = None
     n: int = 1  # samples of the same prompt
-    stop: list[str] = field(default_factory=list)  # a str is taken as a list of one
+    stop: list[str] = field(default_factory=list)  # a str is taken as a list of one; "" is dropped
     include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop
+        self.stop = [s for s in stops if s]  # an empty stop string stops nothing
         if self.top_k is not None and self.top_k <= 0:
-            if self.top_k not in (0, -1):
-                raise SamplingError("top_k must be a positive integer, or -1 / 0 to disable it", "top_k")
+            _check("top_k", self.top_k in (0, -1), "'top_k' must be a positive integer, or -1 / 0 to disable it")
             self.top_k = None  # what other engines accept for "disabled"
-        _check("temperature", self.temperature >= 0, "temperature must be >= 0")
-        _check("top_p", 0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]")
-        _check("min_p", 0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]")
-        _check("max_tokens", self.max_tokens >= 1, "max_tokens must be at least 1")
-        _check("n", 1 <= self.n <= MAX_N, f"n must be between 1 and {MAX_N}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            _check(name, -2.0 <= value <= 2.0, f"'{name}' must be in [-2, 2], got {value}")
-        _check("repetition_penalty", 0 < self.repetition_penalty <= 10, "'repetition_penalty' must be in (0, 10]")
-        for token, bias in self.logit_bias.items():
-            _check("logit_bias", -100.0 <= bias <= 100.0, f"the bias of token {token} must be in [-100, 100], got {bias}")
-        _check("stop_token_ids", all(t >= 0 for t in self.stop_token_ids), "token ids must be >= 0")
-        _check("stop", len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings are supported")
-        _check("min_tokens", self.min_tokens >= 0, "min_tokens must be >= 0")
+        _check("n", 1 <= self.n <= MAX_N, f"'n' must be between 1 and {MAX_N}, got {self.n}")
+        _check("temperature", self.temperature >= 0, f"'temperature' must be >= 0, got {self.temperature}")
+        _check("top_p", 0.0 < self.top_p <= 1.0, f"'top_p' must be in (0, 1], got {self.top_p}")
+        _check("min_p", 0.0 <= self.min_p <= 1.0, f"'min_p' must be in [0, 1], got {self.min_p}")
+        _check("max_tokens", self.max_tokens >= 1, f"'max_tokens' must be at least 1, got {self.max_tokens}")
+        _check("min_tokens", self.min_tokens >= 0, f"'min_tokens' must be >= 0, got {self.min_tokens}")
         _check("min_tokens", self.min_tokens <= self.max_tokens,
                f"'min_tokens' ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")  # fmt: skip
+        low, high = SEED_RANGE
+        _check("seed", self.seed is None or low <= self.seed <= high,
+               "'seed' must fit a signed 64-bit integer: [-2^63, 2^63 - 1]")  # fmt: skip
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(name, PENALTY_RANGE[0] <= value <= PENALTY_RANGE[1], f"'{name}' must be in [-2, 2], got {value}")
+        _check("repetition_penalty", 0 < self.repetition_penalty <= MAX_REPETITION_PENALTY,
+               f"'repetition_penalty' must be in (0, 10], got {self.repetition_penalty}")  # fmt: skip
+        self._check_token_controls()
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            _check(name, value is None or 0 <= value <= 20, f"{name} must be in [0, 20], got {value}")
+            _check(name, value is None or 0 <= value <= MAX_LOGPROBS, f"'{name}' must be in [0, 20], got {value}")
         structured = sum((self.json_schema is not None, self.json_object, self.regex is not None))
-        _check("regex", structured <= 1, "at most one of json_schema, json_object and regex may be set")
+        _check("regex", structured <= 1, "at most one of json_schema, json_object and 'regex' may be set")
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as exc:
+                raise SamplingError(f"'regex' is not a valid regular expression: {exc}", "regex") from None
+
+    def _check_token_controls(self) -> None:
+        """Stop strings, stop token ids and logit bias: counts, sizes, values (the vocabulary
+        range is the tokenizer stage's)."""
+        stops = self.stop
+        _check("stop", len(stops) <= MAX_STOP_STRINGS,
+               f"'stop': at most {MAX_STOP_STRINGS} stop strings are supported, got {len(stops)}")  # fmt: skip
+        _check("stop", all(len(s) <= MAX_STOP_CHARS for s in stops),
+               f"'stop': a stop string may have at most {MAX_STOP_CHARS} characters")  # fmt: skip
+        ids = self.stop_token_ids
+        _check("stop_token_ids", len(ids) <= MAX_STOP_TOKEN_IDS,
+               f"'stop_token_ids': at most {MAX_STOP_TOKEN_IDS} stop token ids are supported, got {len(ids)}")  # fmt: skip
+        _check("stop_token_ids", all(t >= 0 for t in ids), "'stop_token_ids': token ids must be >= 0")
+        bias = self.logit_bias
+        _check("logit_bias", len(bias) <= MAX_LOGIT_BIAS,
+               f"'logit_bias': at most {MAX_LOGIT_BIAS} tokens may be biased, got {len(bias)}")  # fmt: skip
+        _check("logit_bias", all(t >= 0 for t in bias), "'logit_bias': token ids must be >= 0")
+        low, high = BIAS_RANGE
+        out = [f"{t} ({b})" for t, b in bias.items() if not low <= b <= high]
+        _check("logit_bias", not out, "'logit_bias': biases must be in [-100, 100]; out of range for token "
+               + ", ".join(out))  # fmt: skip
+
+    @classmethod
+    def unchecked(cls, *values: Any) -> SamplingParams:
+        """Rebuild from field values checked where the request entered (the wire decoder's
+        constructor: a request is validated once, not again in every process it crosses)."""
+        params = object.__new__(cls)
+        for f, value in zip(fields(cls), values, strict=True):
+            setattr(params, f.name, value)
+        return params
 
     @property
     def greedy(self) -> bool:

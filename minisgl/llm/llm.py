@@ -1,7 +1,7 @@
 """Offline API, vLLM-shaped: `LLM(model, **config).generate(prompts, SamplingParams(...))`.
 
 It runs the server's request path in-process, with the same objects: the tokenizer stage's
-`RequestTokenizer` (chat template with its fallback and tools, validation, context fit), the
+`RequestTokenizer` (chat template with its fallback and tools, validation, context and KV pool fit), the
 real `Scheduler`, and the detokenizer's `IncrementalDetokenizer` (stop strings, incremental
 text, logprob texts, echo). A stop string ends its request by an abort straight to the
 scheduler, as the detokenizer process does. `n` fans out like the server (`core.fan_out`).
@@ -21,10 +21,10 @@ from minisgl.platform.kernel_config import KernelConfig
 from minisgl.llm.outputs import OutputBuilder, RequestOutput
 from minisgl.message.tokenizer import ChatPrompt, Prompt, TextPrompt, TokenizeMsg, TokenOut, TokenPrompt
 from minisgl.scheduler.config import SchedulerConfig
-from minisgl.scheduler.process import build_scheduler
+from minisgl.scheduler.build import build_scheduler, engine_limits
 from minisgl.tokenizer.detokenizer import make_decoders
 from minisgl.tokenizer.incremental import IncrementalDetokenizer
-from minisgl.tokenizer.worker import RequestTokenizer, load_hf_tokenizer
+from minisgl.tokenizer.request import RequestTokenizer, load_hf_tokenizer
 
 PromptInput = str | list[int]
 Message = dict[str, Any]
@@ -118,8 +118,7 @@ class LLM:
     def requests(self) -> RequestTokenizer:
         """The tokenizer stage's request logic (the same class the tokenizer process runs)."""
         if self._requests is None:
-            self._requests = RequestTokenizer(self.tokenizer, self.scheduler.context_len,
-                                              self.engine.model_config.vocab_size)  # fmt: skip
+            self._requests = RequestTokenizer(self.tokenizer, engine_limits(self.scheduler))
         return self._requests
 
     def encode(self, prompt: PromptInput) -> list[int]:

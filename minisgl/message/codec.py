@@ -44,6 +44,7 @@ class _Entry(NamedTuple):
     cls: type
     names: tuple[str, ...]  # init fields, in order
     rows: tuple[_Rows, ...]
+    make: Callable[..., Any]  # field values -> object (the class, or its `unchecked` constructor)
 
 
 _BY_TAG: dict[int, _Entry] = {}
@@ -66,8 +67,9 @@ def _row_fields(cls: type, names: tuple[str, ...]) -> tuple[_Rows, ...]:
     return tuple(rows)
 
 
-def wire(tag: int) -> Callable[[type[T]], type[T]]:
-    """Class decorator: register a dataclass as a wire type under `tag` (unique, 0..65535)."""
+def wire(tag: int, make: Callable[..., Any] | None = None) -> Callable[[type[T]], type[T]]:
+    """Class decorator: register a dataclass as a wire type under `tag` (unique, 0..65535).
+    `make` rebuilds a decoded object from its field values (default: the class itself)."""
 
     def register(cls: type[T]) -> type[T]:
         if not dataclasses.is_dataclass(cls):
@@ -77,7 +79,7 @@ def wire(tag: int) -> Callable[[type[T]], type[T]]:
         if tag in _BY_TAG:
             raise ValueError(f"wire tag {tag} of {cls.__name__} is already used by {_BY_TAG[tag].cls.__name__}")
         names = tuple(f.name for f in dataclasses.fields(cls) if f.init)
-        entry = _Entry(tag, cls, names, _row_fields(cls, names))
+        entry = _Entry(tag, cls, names, _row_fields(cls, names), make or cls)
         _BY_TAG[tag] = entry
         _BY_CLASS[cls] = entry
         return cls
@@ -113,7 +115,7 @@ def _ext_hook(code: int, data: bytes) -> Any:
     for rows in entry.rows:
         item_cls = rows.cls
         values[rows.position] = [item_cls(*row) for row in values[rows.position]]
-    return entry.cls(*values)
+    return entry.make(*values)
 
 
 def encode(obj: Any) -> bytes:
@@ -136,10 +138,11 @@ WIRE = WireCodec(encode, decode)
 
 
 def _register_external() -> None:
-    # Plain-data types defined below `message` that travel inside messages.
+    # Plain-data types defined below `message` that travel inside messages. SamplingParams was
+    # checked where the request entered: decoding it does not run its checks again.
     from minisgl.core import SamplingParams
 
-    wire(tag=1)(SamplingParams)
+    wire(tag=1, make=SamplingParams.unchecked)(SamplingParams)
 
 
 _register_external()

@@ -12,17 +12,14 @@ from minisgl.message.tokenizer import DetokFacts
 @wire(tag=20)
 @dataclass(slots=True)
 class TokenizedMsg:
-    """A validated, tokenized request ready to be scheduled.
-
-    `max_tokens_explicit` is False when the client set no limit: `sampling.max_tokens` then only
-    says "up to the end of the context", and the scheduler may lower it to what its KV pool can
-    ever hold instead of rejecting the request. `facts`: what the detokenizer needs; rank 0
-    forwards them on its output stream (None: plain decoding, no stop strings)."""
+    """A validated, tokenized request ready to be scheduled: the tokenizer stage has checked it
+    against the context, the vocabulary and the KV pool, and set `sampling.max_tokens` to what
+    fits. `facts`: what the detokenizer needs; rank 0 forwards them on its output stream (None:
+    plain decoding, no stop strings)."""
 
     rid: int
     input_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    max_tokens_explicit: bool = True
     facts: DetokFacts | None = None
 
 

@@ -60,8 +60,8 @@ class TokenizeMsg:
     """A new request from the API server.
 
     `max_tokens_explicit` is False when the client gave no limit: `sampling.max_tokens` is then a
-    ceiling that the tokenizer lowers to what fits in the context after the prompt, instead of
-    rejecting the request. `include_stop`: a matched stop string (or stop token's text) stays in
+    ceiling that the tokenizer lowers to what fits in the context and the KV pool after the
+    prompt, instead of rejecting the request. `include_stop`: a matched stop string (or stop token's text) stays in
     the output. `echo`: the first delta carries the prompt's text (and its logprobs, if asked)."""
 
     rid: int
@@ -100,6 +100,18 @@ class FinishedMsg:
     after each step that ended some, so the tokenizer's router forgets their outstanding tokens."""
 
     rids: list[int]
+
+
+@wire(tag=59)
+@dataclass(slots=True)
+class EngineLimitsMsg:
+    """Sent once by rank 0 of each replica at start-up: what the tokenizer stage checks every
+    request against, as the engine serves it (`context_len`, `vocab_size`, and `pool_tokens`, the
+    tokens its KV pool holds). The tokenizer reports ready once every replica's has arrived."""
+
+    context_len: int
+    vocab_size: int
+    pool_tokens: int
 
 
 # --- to the detokenizer ---------------------------------------------------------------------

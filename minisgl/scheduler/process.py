@@ -9,7 +9,9 @@ once per loop iteration, even when empty, so all ranks apply the same messages b
 steps and schedule identically. The relay is ZMQ PUSH -> PULL: each other rank binds where it
 can be reached (ipc on node 0, `tcp://IP:*` on other nodes) and publishes the bound address in
 its TP group's rendezvous store, where rank 0 reads it. Only rank 0 sends results; with `--dp` it
-also tells the tokenizer's router which requests ended.
+also tells the tokenizer's router which requests ended. Before reporting ready, rank 0 tells the
+tokenizer the engine's limits (`EngineLimitsMsg`), which the tokenizer checks every request
+against: requests arrive here validated, with max_tokens already fitted to the context and pool.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from minisgl.message.codec import WIRE
 from minisgl.message.frontend import ErrorMsg, StatsMsg
 from minisgl.message.scheduler import AbortMsg, ShutdownMsg, StatsReqMsg, TokenizedMsg
 from minisgl.message.tokenizer import DetokFacts, FinishedMsg, TokenOut, TokenOutMsg
+from minisgl.scheduler.build import build_scheduler, engine_limits
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.utils.logging import get_logger
 from minisgl.utils.process import ReadyReporter
@@ -31,7 +34,6 @@ from minisgl.utils.zmq import ZmqPullQueue, ZmqPushQueue
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-    from minisgl.engine.engine import Engine
     from minisgl.scheduler.scheduler import Scheduler
 
 logger = get_logger(__name__)
@@ -50,16 +52,7 @@ class SchedulerAddrs:
     detokenizer: str  # rank 0 sends TokenOutMsg here
     frontend: str  # rank 0 answers stats queries and refuses requests here
     router: str | None = None  # rank 0 with --dp: the tokenizer, told which requests ended
-
-
-def build_scheduler(engine_config: EngineConfig, sched_config: SchedulerConfig) -> tuple[Engine, Scheduler]:
-    """The engine (loads the model) and the scheduler handed it; shared by the scheduler process
-    and the offline `LLM`."""
-    from minisgl.engine.engine import Engine
-    from minisgl.scheduler.scheduler import Scheduler
-
-    engine = Engine(replace(engine_config, max_running_requests=sched_config.max_running_requests))
-    return engine, Scheduler(engine, sched_config)
+    tokenizer: str | None = None  # rank 0: the tokenizer, told the engine's limits once at start-up
 
 
 class SchedulerLoop:
@@ -75,15 +68,20 @@ class SchedulerLoop:
         self.to_frontend: ZmqPushQueue[object] | None = ZmqPushQueue(addrs.frontend, WIRE) if self.primary else None
         router = addrs.router if self.primary else None
         self.to_router: ZmqPushQueue[object] | None = ZmqPushQueue(router, WIRE) if router is not None else None
+        tokenizer = addrs.tokenizer if self.primary else None
+        self.to_tokenizer: ZmqPushQueue[object] | None = ZmqPushQueue(tokenizer, WIRE) if tokenizer is not None else None
         self.running = True
-        # Tokens the KV pool can hold at all: the ceiling of a request with no max_tokens.
-        self.pool_tokens = scheduler.stats().total_pages * scheduler.page_size
         # Prompt tokens of every request that produced its first token, and the prefix-cache hits
         # among them (the /metrics hit rate).
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.requests = 0  # requests received and aborted (per-replica counters of --dp)
         self.aborted = 0
+
+    def announce_limits(self) -> None:
+        """Rank 0: tell the tokenizer what it checks requests against (before reporting ready)."""
+        if self.to_tokenizer is not None:
+            self.to_tokenizer.put(engine_limits(self.scheduler))
 
     def connect_relay(self, addrs: list[str]) -> None:
         """Rank 0: send every received message on to these ranks (the other ranks' `recv`)."""
@@ -127,14 +125,9 @@ class SchedulerLoop:
     def _handle(self, msg: object, outs: list[TokenOut], new: list[DetokFacts], refused: list[int]) -> None:
         if isinstance(msg, TokenizedMsg):
             self.requests += 1
-            sampling = msg.sampling
-            if not msg.max_tokens_explicit:
-                room = max(self.pool_tokens - len(msg.input_ids), sampling.min_tokens)
-                if 0 < room < sampling.max_tokens:
-                    sampling = replace(sampling, max_tokens=room)
-            try:
-                self.scheduler.add_request(msg.rid, msg.input_ids, sampling)
-            except ValueError as exc:  # the pool can never hold it: no output will follow
+            try:  # checked and fitted to the pool by the tokenizer stage
+                self.scheduler.add_request(msg.rid, msg.input_ids, msg.sampling)
+            except ValueError as exc:  # a grammar that does not compile, a rid in use: no output will follow
                 refused.append(msg.rid)
                 if self.to_frontend is not None:
                     self.to_frontend.put(ErrorMsg(msg.rid, str(exc), 400))
@@ -163,7 +156,7 @@ class SchedulerLoop:
         self.recv.close()
         for queue in self.relay:
             queue.close()
-        for q in (self.to_detok, self.to_frontend, self.to_router):
+        for q in (self.to_detok, self.to_frontend, self.to_router, self.to_tokenizer):
             if q is not None:
                 q.close()
 
@@ -212,6 +205,7 @@ def run_scheduler(
                 store.set(relay_key(rank), loop.recv.endpoint)
             elif store is not None:  # waits (up to the start-up timeout) for every rank to bind
                 loop.connect_relay([store.get(relay_key(r)).decode() for r in range(1, size)])
+            loop.announce_limits()
             ready.ready(context_len=scheduler.context_len, total_pages=scheduler.stats().total_pages)
             loop.run()
         finally:

@@ -24,7 +24,7 @@ from minisgl.scheduler.config import SchedulerConfig, resolve
 from minisgl.scheduler.controls import RequestControls
 from minisgl.scheduler.decode import DecodeSet
 from minisgl.scheduler.engine_api import LaunchedStepLike, SchedulerEngine
-from minisgl.scheduler.pages import PageManager, pages_for, slots_of
+from minisgl.scheduler.pages import PageManager, slots_of
 from minisgl.scheduler.prefill import PrefillPlanner
 from minisgl.utils.logging import get_logger
 
@@ -93,26 +93,15 @@ class Scheduler:
 
     # ---------------------------------------------------------------- public API
     def add_request(self, rid: int, prompt_ids: list[int], sampling: SamplingParams) -> None:
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
+        """Queue a request that its entry validated: `RequestTokenizer` (tokenizer/request.py, the
+        one path of the server, the shell and the offline `LLM`) has checked the prompt against
+        the context, every token id against the vocabulary, and the worst case against the KV pool,
+        and fitted max_tokens; `SamplingParams` has checked its own values. What stays here is
+        what only the scheduler knows: whether `rid` is in use (its bookkeeping key), and whether
+        a grammar compiles, which needs the engine's vocabulary and tokenizer tables (the backend
+        is built on the first constrained request). Both raise ValueError, queueing nothing."""
         if rid in self.reqs:
             raise ValueError(f"request id {rid} is already in use")
-        if len(prompt_ids) >= self.context_len:
-            raise ValueError(
-                f"the prompt has {len(prompt_ids)} tokens, but the model's context length is {self.context_len}"
-            )
-        vocab = self.vocab_size
-        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        worst = min(len(prompt_ids) + sampling.max_tokens, self.context_len)
-        if pages_for(worst, self.page_size) > self.pages.num_pages:
-            raise ValueError(
-                f"the request needs up to {worst} tokens of KV cache, more than the pool holds "
-                f"({self.pages.num_pages * self.page_size}); raise --num-pages or lower max_tokens"
-            )
-        for name, ids in (("logit_bias", sampling.logit_bias), ("stop_token_ids", sampling.stop_token_ids)):
-            if ids and (min(ids) < 0 or max(ids) >= vocab):
-                raise ValueError(f"{name} token ids must be in [0, {vocab})")
         self.controls.add(rid, sampling)  # raises for a grammar that does not compile
         req = Req(rid, list(prompt_ids), sampling, eos_ids=self.eos_ids, max_total_len=self.context_len)
         self.reqs[rid] = req

@@ -212,16 +212,10 @@ class MessagesRequest(_MessagesBase):
     service_tier: str | None = None
     cache_control: dict[str, Any] | None = None
 
-    @field_validator("max_tokens")
-    @classmethod
-    def _max_tokens(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError("max_tokens must be at least 1")
-        return v
-
     @field_validator("temperature")
     @classmethod
     def _temperature(cls, v: float | None) -> float | None:
+        # Anthropic's own range, narrower than SamplingParams' (which checks the rest, through `to_chat`).
         if v is not None and not 0 <= v <= 1:
             raise ValueError("temperature must be in [0, 1]")
         return v

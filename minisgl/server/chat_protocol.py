@@ -8,6 +8,7 @@ fields are ignored and custom roles go to the chat template (docs/openai_api.md)
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
@@ -44,20 +45,6 @@ class ChatCompletionRequest(_SamplingFields):
         if len(messages) >= 2 and messages[-1]["role"] == messages[-2]["role"] == "assistant":
             raise ValueError("the conversation may end with at most one assistant message (the one continued)")
         return messages
-
-    @field_validator("max_completion_tokens")
-    @classmethod
-    def _max_completion_tokens(cls, v: int | None) -> int | None:
-        if v is not None and v < 1:
-            raise ValueError("max_completion_tokens must be at least 1")
-        return v
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _top_logprobs(cls, v: int | None) -> int | None:
-        if v is not None and not 0 <= v <= 20:
-            raise ValueError("top_logprobs must be in [0, 20]")
-        return v
 
     @field_validator("tools")
     @classmethod
@@ -130,12 +117,17 @@ class ChatCompletionRequest(_SamplingFields):
     def logprob_counts(self) -> tuple[int | None, int | None]:
         return ((self.top_logprobs or 0) if self.logprobs else None), None
 
+    def field_name(self, param: str) -> str:
+        if param == "max_tokens" and self.max_completion_tokens is not None:
+            return "max_completion_tokens"
+        return "top_logprobs" if param == "logprobs" and self.top_logprobs is not None else param
+
     def sampling(self, default_max_tokens: int) -> tuple[SamplingParams, bool]:
         params, explicit = super().sampling(default_max_tokens)
         mode = self.tool_mode
-        if mode in ("required", "named"):
+        if mode in ("required", "named"):  # the forced call's grammar (validated with response_format above)
             schema = tool_choice_schema(self.tools or [], self.forced_tool, self.parallel_tool_calls is not False)
-            params.json_schema = json.dumps(schema, ensure_ascii=False)
+            params = replace(params, json_schema=json.dumps(schema, ensure_ascii=False))
         return params, explicit
 
 

@@ -66,9 +66,10 @@ class ServiceProcesses:
         heads = tuple(self.ipc.addr(f"scheduler-{d}") for d in range(dp))  # rank 0 of each replica
         self.frontend_addrs = FrontendAddrs(recv=a["frontend"], tokenizer=a["tokenizer"], scheduler=heads[0],
                                             other_replicas=heads[1:])  # fmt: skip
-        # Replicas tell the tokenizer's router which requests ended only when there is a choice.
+        # Replicas tell the tokenizer their limits at start-up, and which requests ended only
+        # when its router has a choice.
         sched = SchedulerAddrs(recv="", detokenizer=a["detokenizer"], frontend=a["frontend"],
-                               router=a["tokenizer"] if dp > 1 else None)  # fmt: skip
+                               router=a["tokenizer"] if dp > 1 else None, tokenizer=a["tokenizer"])  # fmt: skip
         self._add_schedulers(model_dir, sched, heads)
         if config.parallel.is_head:
             tok = TokenizerAddrs(recv=a["tokenizer"], schedulers=heads, frontend=a["frontend"])

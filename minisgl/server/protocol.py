@@ -10,19 +10,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_validator
 
 from minisgl.core import SamplingError, SamplingParams
-
-
-# Request-field limits (docs/openai_api.md). OpenAI allows 4 stop strings and 300 biased tokens;
-# these are the server's own bounds, each a 400 naming the field past it.
-MAX_STOP_STRINGS = 16
-MAX_STOP_CHARS = 1000
-MAX_STOP_TOKEN_IDS = 256
-MAX_LOGIT_BIAS = 300
 
 
 class RequestError(ValueError):
@@ -42,15 +36,13 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-def _in_range(name: str, value: float | None, low: float, high: float) -> None:
-    if value is not None and not low <= value <= high:
-        raise RequestError(f"'{name}' must be in [{low:g}, {high:g}], got {value}", name)
-
-
 class _SamplingFields(_Strict):
     """Sampling controls shared by chat and completions (OpenAI's, plus vLLM/SGLang extensions:
     top_k, min_p, repetition_penalty, min_tokens, stop_token_ids, include_stop_str_in_output,
-    ignore_eos, regex)."""
+    ignore_eos, regex).
+
+    The model checks types only; the values are checked once, by `SamplingParams` (core.py),
+    which parsing builds (`_build_sampling`): a bad value is a 400 naming this body's field."""
 
     model: str | None = None
     stream: bool = False
@@ -79,128 +71,58 @@ class _SamplingFields(_Strict):
     store: bool | None = None
     service_tier: str | None = None
 
-    @field_validator("n")
-    @classmethod
-    def _n(cls, v: int) -> int:
-        if not 1 <= v <= 64:
-            raise ValueError("n must be between 1 and 64")
-        return v
-
-    @field_validator("temperature")
-    @classmethod
-    def _temperature(cls, v: float | None) -> float | None:
-        if v is not None and v < 0:
-            raise ValueError("temperature must be >= 0")
-        return v
-
-    @field_validator("top_p")
-    @classmethod
-    def _top_p(cls, v: float | None) -> float | None:
-        if v is not None and not 0 < v <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-        return v
-
-    @field_validator("top_k")
-    @classmethod
-    def _top_k(cls, v: int | None) -> int | None:
-        if v is not None and v < -1:
-            raise ValueError("top_k must be a positive integer, or -1 / 0 to disable it")
-        return v
-
-    @field_validator("min_p")
-    @classmethod
-    def _min_p(cls, v: float | None) -> float | None:
-        if v is not None and not 0 <= v <= 1:
-            raise ValueError("min_p must be in [0, 1]")
-        return v
-
-    @field_validator("max_tokens")
-    @classmethod
-    def _max_tokens(cls, v: int | None) -> int | None:
-        if v is not None and v < 1:
-            raise ValueError("max_tokens must be at least 1")
-        return v
-
-    @field_validator("min_tokens")
-    @classmethod
-    def _min_tokens(cls, v: int) -> int:
-        if v < 0:
-            raise ValueError("min_tokens must be >= 0")
-        return v
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        stops = [v] if isinstance(v, str) else v or []
-        if len(stops) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are supported, got {len(stops)}")
-        if any(len(s) > MAX_STOP_CHARS for s in stops):
-            raise ValueError(f"a stop string may have at most {MAX_STOP_CHARS} characters")
-        return v
-
-    @field_validator("stop_token_ids")
-    @classmethod
-    def _stop_token_ids(cls, v: list[int] | None) -> list[int] | None:
-        if v is not None and len(v) > MAX_STOP_TOKEN_IDS:
-            raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop token ids are supported, got {len(v)}")
-        if v is not None and any(t < 0 for t in v):
-            raise ValueError("token ids must be >= 0")
-        return v
-
-    @field_validator("seed")
-    @classmethod
-    def _seed(cls, v: int | None) -> int | None:
-        if v is not None and not -(2**63) <= v < 2**63:
-            raise ValueError("seed must fit a signed 64-bit integer: [-2^63, 2^63 - 1]")
-        return v
+    _sampling: SamplingParams = PrivateAttr()
 
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        if v is not None and len(v) > MAX_LOGIT_BIAS:
-            raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens may be biased, got {len(v)}")
+        # JSON object keys are strings: this body's own shape. The ids and biases are checked by SamplingParams.
         keys = [k for k in (v or {}) if not k.isdigit()]
         if keys:
             raise ValueError("keys must be token ids (non-negative integers as strings), got "
                              + ", ".join(repr(k) for k in keys))  # fmt: skip
-        biases = [k for k, bias in (v or {}).items() if not -100 <= bias <= 100]
-        if biases:
-            raise ValueError("biases must be in [-100, 100]; out of range for token "
-                             + ", ".join(f"{k} ({v[k]})" for k in biases if v is not None))  # fmt: skip
-        return v
-
-    @field_validator("regex")
-    @classmethod
-    def _regex(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                re.compile(v)
-            except re.error as exc:
-                raise ValueError(f"not a valid regular expression: {exc}") from None
         return v
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> _SamplingFields:
-        _in_range("frequency_penalty", self.frequency_penalty, -2, 2)
-        _in_range("presence_penalty", self.presence_penalty, -2, 2)
-        if self.repetition_penalty is not None and not 0 < self.repetition_penalty <= 10:
-            raise RequestError("'repetition_penalty' must be in (0, 10]", "repetition_penalty")
+    def _build_sampling(self) -> _SamplingFields:
         if self.stream_options is not None and not self.stream:
             raise RequestError("'stream_options' is only allowed with stream=true", "stream_options")
-        limit = self.requested_max_tokens()
-        if limit is not None and self.min_tokens > limit:
-            raise RequestError(f"'min_tokens' ({self.min_tokens}) must not exceed max_tokens ({limit})", "min_tokens")
-        structured = structured_output(self.response_format)
-        if structured[0] is not None or structured[1]:
-            if self.regex is not None:
-                raise RequestError("give either 'response_format' or 'regex', not both", "regex")
+        json_schema, json_object = structured_output(self.response_format)
+        logprobs, prompt_logprobs = self.logprob_counts()
+        given = self.requested_max_tokens()
+        fields = dict(
+            n=self.n,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_k=self.top_k,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            min_p=0.0 if self.min_p is None else self.min_p,
+            # Unset: a placeholder that `sampling` replaces with the route's default.
+            max_tokens=given if given is not None else max(1, self.min_tokens),
+            ignore_eos=self.ignore_eos,
+            seed=self.seed,
+            stop_token_ids=list(self.stop_token_ids or []),
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias={int(k): float(v) for k, v in (self.logit_bias or {}).items()},
+            min_tokens=self.min_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            json_schema=json_schema,
+            json_object=json_object,
+            regex=self.regex,
+            stop=[] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop),
+            include_stop_str_in_output=self.include_stop_str_in_output,
+        )
+        self._sampling = checked_sampling(fields, self.field_name)
         return self
 
+    def field_name(self, param: str) -> str:
+        """This body's name for a SamplingParams field."""
+        return param
+
     def stop_list(self) -> list[str]:
-        if self.stop is None:
-            return []
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
-        return [s for s in stops if s]
+        return list(self._sampling.stop)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -210,39 +132,26 @@ class _SamplingFields(_Strict):
         return None, None
 
     def sampling(self, default_max_tokens: int) -> tuple[SamplingParams, bool]:
-        """SamplingParams, and whether max_tokens was given (else: the default is a ceiling)."""
-        given = self.requested_max_tokens()
-        top_k = None if self.top_k in (None, 0, -1) else self.top_k
-        json_schema, json_object = structured_output(self.response_format)
-        logprobs, prompt_logprobs = self.logprob_counts()
-        try:
-            params = SamplingParams(
-                temperature=1.0 if self.temperature is None else self.temperature,
-                top_k=top_k,
-                top_p=1.0 if self.top_p is None else self.top_p,
-                min_p=0.0 if self.min_p is None else self.min_p,
-                max_tokens=given if given is not None else max(default_max_tokens, self.min_tokens),
-                ignore_eos=self.ignore_eos,
-                seed=self.seed,
-                stop_token_ids=list(self.stop_token_ids or []),
-                presence_penalty=self.presence_penalty or 0.0,
-                frequency_penalty=self.frequency_penalty or 0.0,
-                repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-                logit_bias={int(k): float(v) for k, v in (self.logit_bias or {}).items()},
-                min_tokens=self.min_tokens,
-                logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs,
-                json_schema=json_schema,
-                json_object=json_object,
-                regex=self.regex,
-            )
-        except SamplingError as exc:  # SamplingParams is the one check of these values
-            raise RequestError(str(exc), exc.param if exc.param in type(self).model_fields else None) from None
-        return params, given is not None
+        """The validated SamplingParams, and whether max_tokens was given (else the route's
+        default, which the tokenizer stage treats as a ceiling)."""
+        params = self._sampling
+        given = self.requested_max_tokens() is not None
+        if not given:
+            params = replace(params, max_tokens=max(default_max_tokens, params.min_tokens))
+        return params, given
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+
+def checked_sampling(fields: dict[str, Any], field_name: Callable[[str], str]) -> SamplingParams:
+    """SamplingParams(**fields), its SamplingError as a 400 naming the body's field."""
+    try:
+        return SamplingParams(**fields)
+    except SamplingError as exc:
+        name = field_name(exc.param)
+        raise RequestError(exc.renamed(name), name) from None
 
 
 def structured_output(response_format: dict[str, Any] | None) -> tuple[str | None, bool]:
@@ -313,15 +222,11 @@ class CompletionRequest(_SamplingFields):
     best_of: int | None = None
     suffix: str | None = None
 
-    @field_validator("logprobs")
-    @classmethod
-    def _logprobs(cls, v: int | None) -> int | None:
-        if v is not None and not 0 <= v <= 20:
-            raise ValueError("logprobs must be in [0, 20]")
-        return v
-
     def logprob_counts(self) -> tuple[int | None, int | None]:
         return self.logprobs, self.logprobs if self.echo else None
+
+    def field_name(self, param: str) -> str:
+        return "logprobs" if param == "prompt_logprobs" else param
 
     @field_validator("prompt")
     @classmethod
@@ -391,24 +296,34 @@ class GenerateRequest(_Strict):
             raise RequestError("give exactly one of 'text' and 'input_ids'", "text")
         return self
 
-    def sampling(self) -> SamplingParams:
+    _sampling: SamplingParams = PrivateAttr()
+
+    @model_validator(mode="after")
+    def _build_sampling(self) -> GenerateRequest:
         sp = self.sampling_params
-        try:
-            return SamplingParams(
-                temperature=sp.temperature, top_k=None if sp.top_k in (0, -1) else sp.top_k,
-                top_p=sp.top_p, min_p=sp.min_p, max_tokens=sp.max_new_tokens,
-                ignore_eos=sp.ignore_eos, seed=sp.seed, stop_token_ids=list(sp.stop_token_ids or []),
-                min_tokens=sp.min_new_tokens, presence_penalty=sp.presence_penalty,
-                frequency_penalty=sp.frequency_penalty, repetition_penalty=sp.repetition_penalty,
-                json_schema=sp.json_schema, regex=sp.regex,
-            )  # fmt: skip
-        except ValueError as exc:
-            raise RequestError(str(exc), "sampling_params") from None
+        fields = dict(
+            temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p,
+            max_tokens=sp.max_new_tokens, ignore_eos=sp.ignore_eos, seed=sp.seed,
+            stop_token_ids=list(sp.stop_token_ids or []), min_tokens=sp.min_new_tokens,
+            presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty,
+            repetition_penalty=sp.repetition_penalty, json_schema=sp.json_schema, regex=sp.regex,
+            stop=[] if sp.stop is None else [sp.stop] if isinstance(sp.stop, str) else list(sp.stop),
+        )  # fmt: skip
+        self._sampling = checked_sampling(fields, _native_name)
+        return self
+
+    def sampling(self) -> SamplingParams:
+        """The validated SamplingParams (max_new_tokens is always a real limit here)."""
+        return self._sampling
 
     def stop_list(self) -> list[str]:
-        stop = self.sampling_params.stop
-        stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
-        return [s for s in stops if s]
+        return list(self._sampling.stop)
+
+
+def _native_name(param: str) -> str:
+    """The /generate body's name for a SamplingParams field."""
+    names = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+    return f"sampling_params.{names.get(param, param)}"
 
 
 def parse_request(model: type[_Strict], body: bytes) -> Any:

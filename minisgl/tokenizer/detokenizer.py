@@ -19,7 +19,6 @@ from minisgl.tokenizer.incremental import BatchDecode, DetokResult, IncrementalD
 from minisgl.tokenizer.token_text import TokenText, fast_token_text, slow_token_text
 from minisgl.utils.logging import get_logger
 from minisgl.utils.process import ReadyReporter
-from minisgl.utils.zmq import ZmqPullQueue, ZmqPushQueue
 
 logger = get_logger(__name__)
 
@@ -58,7 +57,9 @@ def make_decoders(model_dir: str) -> tuple[BatchDecode, TokenText]:
 
 
 def run_detokenizer(model_dir: str, addrs: DetokenizerAddrs, ready: ReadyReporter) -> None:
-    """Process entry point."""
+    """Process entry point (zmq is imported here: the offline `LLM` uses `make_decoders` without sockets)."""
+    from minisgl.utils.zmq import ZmqPullQueue, ZmqPushQueue
+
     recv: ZmqPullQueue[object] = ZmqPullQueue(addrs.recv, WIRE)
     to_scheds: list[ZmqPushQueue[object]] = [ZmqPushQueue(addr, WIRE) for addr in addrs.schedulers]
     to_front: ZmqPushQueue[object] = ZmqPushQueue(addrs.frontend, WIRE)

@@ -14,6 +14,7 @@ from minisgl.message import (
     DetokenizedMsg,
     DetokenizeQueryMsg,
     DetokFacts,
+    EngineLimitsMsg,
     ErrorMsg,
     FinishedMsg,
     QueryErrorMsg,
@@ -48,7 +49,8 @@ LOGPROB = TokenLogprob(token_id=3, token="\ufffd", raw=b"\xc3", logprob=-1.5, to
 
 EXAMPLES = [
     SAMPLING,
-    TokenizedMsg(rid=5, input_ids=[1, 2, 3], sampling=SAMPLING, max_tokens_explicit=False),
+    TokenizedMsg(rid=5, input_ids=[1, 2, 3], sampling=SAMPLING),
+    EngineLimitsMsg(context_len=4096, vocab_size=49152, pool_tokens=65536),
     TokenizedMsg(rid=6, input_ids=[1], sampling=SAMPLING, facts=DetokFacts(6, [1], ["\n"], [2], True, 1, [], 1)),
     AbortMsg(rid=9),
     StatsReqMsg(query_id=3),

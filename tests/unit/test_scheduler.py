@@ -388,23 +388,15 @@ def test_stop_conditions(prompt: list[int], sampling: dict, tokens: list[int], f
 # ---- input validation -------------------------------------------------------------------------
 
 
-def test_add_request_rejects_bad_input() -> None:
+def test_add_request_refuses_what_only_the_scheduler_knows() -> None:
+    # The request's content (empty prompt, context, vocabulary, KV pool) is checked at the entry,
+    # by RequestTokenizer: tests/unit/test_request_entry.py::test_entry_rejects_bad_input.
     h = Harness(page_size=4, num_pages=4, context_len=32, vocab_size=50)
     ok = SamplingParams(max_tokens=4)
-    with pytest.raises(ValueError, match="empty"):
-        h.sched.add_request(0, [], ok)
-    with pytest.raises(ValueError, match="context length is 32"):
-        h.sched.add_request(0, [1] * 32, ok)
-    with pytest.raises(ValueError, match="more than the pool holds"):
-        h.sched.add_request(0, [1] * 10, SamplingParams(max_tokens=7))  # 17 tokens > 16 slots
-    with pytest.raises(ValueError, match=r"\[0, 50\)"):
-        h.sched.add_request(0, [1, 50], ok)
-    with pytest.raises(ValueError, match=r"\[0, 50\)"):
-        h.sched.add_request(0, [-1, 2], ok)
-    assert not h.sched.has_work() and not h.sched.reqs
     h.sched.add_request(0, [1] * 10, SamplingParams(max_tokens=6))  # exactly 16 tokens fits
     with pytest.raises(ValueError, match="already in use"):
         h.sched.add_request(0, [1, 2], ok)
+    assert list(h.sched.reqs) == [0] and len(h.sched.waiting) == 1  # the refused one queued nothing
 
 
 def test_pool_check_caps_the_request_at_the_context_length() -> None:

@@ -14,7 +14,10 @@ module-level, under `if TYPE_CHECKING:` (annotations only), and inside a functio
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -243,6 +246,15 @@ def test_lazy_imports_point_downward() -> None:
         if imp.kind == "function" and imp.source in _reach(module_graph, imp.target)
     ]
     assert back == [], "function-level imports that close a cycle:\n" + "\n".join(back)
+
+
+def test_offline_llm_does_not_import_zmq() -> None:
+    """The offline API runs the request path in-process: no sockets, so no zmq (the scheduler's
+    builder lives in scheduler/build.py, the request entry in tokenizer/request.py)."""
+    code = "import sys, minisgl.llm; print(sorted(m for m in sys.modules if m == 'zmq' or m.startswith(('zmq.', 'minisgl.utils.zmq'))))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
+    assert out.strip() == "[]", f"import minisgl.llm loads {out.strip()}"
 
 
 def test_scripts_holds_only_what_users_and_ci_run() -> None:
