@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from minisgl.core import SamplingError, SamplingParams
 from minisgl.server.chat_protocol import ChatCompletionRequest
 from minisgl.server.protocol import CompletionRequest, GenerateRequest, RequestError, parse_request
 
@@ -270,3 +271,59 @@ def test_response_format_llama_cpp_forms():
     params = chat(response_format={"type": "json_schema", "json_schema": {"schema": {"const": "f"}}}).sampling(8)[0]
     assert json.loads(params.json_schema) == {"const": "f"}  # the name is optional
     assert chat(response_format={"type": "json_object"}).sampling(8)[0].json_object
+
+
+@pytest.mark.parametrize(
+    "body_field, value, field",
+    [("n", 0, "n"), ("n", 65, "n"), ("temperature", -0.5, "temperature"), ("top_p", 0.0, "top_p"),
+     ("top_k", -5, "top_k"), ("min_p", 2.0, "min_p"), ("max_tokens", 0, "max_tokens"),
+     ("max_completion_tokens", 0, "max_tokens"), ("min_tokens", -1, "min_tokens"), ("seed", 2**63, "seed"),
+     ("frequency_penalty", 2.5, "frequency_penalty"), ("presence_penalty", -3.0, "presence_penalty"),
+     ("repetition_penalty", 0.0, "repetition_penalty"), ("stop", ["x"] * 17, "stop"), ("stop", "x" * 1001, "stop"),
+     ("stop_token_ids", [-1], "stop_token_ids"), ("stop_token_ids", list(range(257)), "stop_token_ids"),
+     ("regex", "(unclosed", "regex")],
+)  # fmt: skip
+def test_sampling_values_are_checked_by_sampling_params_alone(body_field, value, field):
+    """The body's 400 is SamplingParams' own error, naming the body's field: one set of rules."""
+    with pytest.raises(SamplingError) as rule:
+        SamplingParams(**{field: value})
+    err = bad_chat(**{body_field: value})
+    assert (err.param, str(err)) == (body_field, rule.value.renamed(body_field))
+
+
+def test_logit_bias_and_logprob_rules_come_from_sampling_params():
+    with pytest.raises(SamplingError) as rule:
+        SamplingParams(logit_bias={5: 101.0})
+    assert str(bad_chat(logit_bias={"5": 101})) == str(rule.value)
+    with pytest.raises(SamplingError) as rule:
+        SamplingParams(logprobs=21)
+    err = bad_chat(logprobs=True, top_logprobs=21)
+    assert (err.param, str(err)) == ("top_logprobs", rule.value.renamed("top_logprobs"))
+    err = parse_error(CompletionRequest, {"prompt": "p", "logprobs": 21, "echo": True})
+    assert (err.param, str(err)) == ("logprobs", str(rule.value))
+
+
+def parse_error(model, body) -> RequestError:
+    with pytest.raises(RequestError) as info:
+        parse_request(model, json.dumps(body).encode())
+    return info.value
+
+
+@pytest.mark.parametrize(
+    "sampling_params, param",
+    [({"top_p": 0}, "sampling_params.top_p"), ({"max_new_tokens": 0}, "sampling_params.max_new_tokens"),
+     ({"min_new_tokens": 5, "max_new_tokens": 3}, "sampling_params.min_new_tokens"),
+     ({"stop": ["x"] * 17}, "sampling_params.stop"), ({"regex": "("}, "sampling_params.regex")],
+)  # fmt: skip
+def test_native_errors_name_the_native_field(sampling_params, param):
+    err = parse_error(GenerateRequest, {"text": "hi", "sampling_params": sampling_params})
+    assert err.param == param and f"'{param}'" in str(err)
+
+
+def test_parsing_yields_the_validated_sampling_object():
+    req = chat(temperature=0, stop=["a", ""], n=2, max_tokens=5, include_stop_str_in_output=True)
+    sampling, explicit = req.sampling(100)
+    assert explicit and sampling.stop == ["a"] and sampling.n == 2 and sampling.include_stop_str_in_output
+    assert req.stop_list() == ["a"]  # the empty stop string stops nothing, here and offline
+    assert SamplingParams(stop=["a", ""]).stop == ["a"]
+    assert chat(min_tokens=7).sampling(3)[0].max_tokens == 7  # an unset max_tokens never goes under min_tokens
