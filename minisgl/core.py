@@ -5,7 +5,6 @@ Nothing here imports torch, so the API server and tokenizer processes stay light
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -107,11 +106,6 @@ class SamplingParams:
             _check(name, value is None or 0 <= value <= MAX_LOGPROBS, f"'{name}' must be in [0, 20], got {value}")
         structured = sum((self.json_schema is not None, self.json_object, self.regex is not None))
         _check("regex", structured <= 1, "at most one of json_schema, json_object and 'regex' may be set")
-        if self.regex is not None:
-            try:
-                re.compile(self.regex)
-            except re.error as exc:
-                raise SamplingError(f"'regex' is not a valid regular expression: {exc}", "regex") from None
 
     def _check_token_controls(self) -> None:
         """Stop strings, stop token ids and logit bias: counts, sizes, values (the vocabulary

@@ -83,6 +83,18 @@ class _SamplingFields(_Strict):
                              + ", ".join(repr(k) for k in keys))  # fmt: skip
         return v
 
+    @field_validator("regex")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        # Not a sampling rule: whether a grammar compiles is the scheduler's (it needs the engine's
+        # tokenizer). Python's parser catches the common slip early, with a 400 naming the field.
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from None
+        return v
+
     @model_validator(mode="after")
     def _build_sampling(self) -> _SamplingFields:
         if self.stream_options is not None and not self.stream:

@@ -12,7 +12,7 @@ import pytest
 from starlette.types import Message, Receive, Scope, Send
 
 from minisgl.core import SamplingParams
-from minisgl.message.tokenizer import TextPrompt, TokenizeMsg
+from minisgl.message.tokenizer import TextPrompt, TokenizeMsg, TokenPrompt
 from minisgl.server.admission import AdmissionConfig, AdmissionGuard
 from minisgl.server.frontend import FrontendAddrs, FrontendManager, _encoded
 
@@ -223,13 +223,14 @@ def test_reply_state_goes_with_the_request_task(tmp_path: Path) -> None:
 
 def test_integers_beyond_the_wire_are_a_client_error(tmp_path: Path) -> None:
     assert _encoded([TokenizeMsg(1, TextPrompt("x"), SamplingParams(seed=2**63 - 1))]) is not None
-    assert _encoded([TokenizeMsg(1, TextPrompt("x"), SamplingParams(seed=2**64))]) is None
+    # (SamplingParams itself refuses a seed beyond int64: a token id is what reaches the wire)
+    assert _encoded([TokenizeMsg(1, TokenPrompt([1, 2**64]), SamplingParams())]) is None
 
     async def main() -> None:
         addr = f"ipc://{tmp_path}"
         fm = FrontendManager(FrontendAddrs(recv=f"{addr}/f", tokenizer=f"{addr}/t", scheduler=f"{addr}/s"))
         inbox = fm.open(1)
-        await fm.submit([TokenizeMsg(inbox.rids[0], TextPrompt("x"), SamplingParams(seed=2**64))])
+        await fm.submit([TokenizeMsg(inbox.rids[0], TokenPrompt([2**64]), SamplingParams())])
         (reply,) = inbox.take()
         assert reply.status == 400 and "out of range" in reply.message  # type: ignore[union-attr]
         fm.release(inbox)
