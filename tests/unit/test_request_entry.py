@@ -139,3 +139,36 @@ def test_the_api_server_encodes_each_message_once(tmp_path: Path, monkeypatch: p
         tokenizer.close()
     assert got == msgs
     assert [m for m in encoded if isinstance(m, TokenizeMsg)] == msgs  # one encode per message, none again
+
+
+class _LimitsScheduler:
+    context_len, vocab_size, page_size = 64, 50, 4
+
+    def stats(self) -> Any:
+        from minisgl.message.frontend import SchedulerStats
+
+        return SchedulerStats(total_pages=8, free_pages=8, cached_pages=0, evictable_pages=0, running=0, waiting=0)
+
+
+def test_rank_0_tells_the_tokenizer_its_limits(tmp_path: Path) -> None:
+    from minisgl.scheduler.process import SchedulerAddrs, SchedulerLoop
+    from minisgl.utils.zmq import ZmqPullQueue
+
+    addr = f"ipc://{tmp_path}"
+    tokenizer: ZmqPullQueue[object] = ZmqPullQueue(f"{addr}/t", WIRE)
+    addrs = SchedulerAddrs(recv=f"{addr}/s", detokenizer=f"{addr}/d", frontend=f"{addr}/f", tokenizer=f"{addr}/t")
+    loop = SchedulerLoop(_LimitsScheduler(), addrs, rank=0)  # type: ignore[arg-type]
+    try:
+        loop.announce_limits()
+        assert tokenizer.poll(5000) and tokenizer.get() == EngineLimitsMsg(64, 50, 32)
+    finally:
+        loop.close()
+        tokenizer.close()
+
+
+def test_the_tokenizer_checks_against_what_every_replica_can_serve() -> None:
+    from minisgl.tokenizer.worker import engine_limits
+
+    reports = [EngineLimitsMsg(4096, 49152, 8192), EngineLimitsMsg(4096, 49152, 4096)]
+    assert engine_limits(reports, context_len=4096) == EngineLimitsMsg(4096, 49152, 4096)
+    assert engine_limits(reports, context_len=2048).context_len == 2048  # the launcher's, as the API server's
