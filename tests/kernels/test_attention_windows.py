@@ -21,7 +21,13 @@ if importlib.util.find_spec("triton") is None:
 from minisgl.attention.base import AttnLayerSpec  # noqa: E402
 from minisgl.attention.batch import ForwardBatch  # noqa: E402
 from minisgl.attention.torch_backend import TorchAttnBackend  # noqa: E402
-from minisgl.kernels.attention import decode_attention, extend_attention, is_interpreted  # noqa: E402
+from minisgl.kernels.attention import (  # noqa: E402
+    MAX_DECODE_SPLITS,
+    alloc_decode_buffers,
+    decode_attention,
+    extend_attention,
+    is_interpreted,
+)
 from minisgl.kernels.attention_ref import decode_attention_ref, extend_attention_ref  # noqa: E402
 from minisgl.kvcache.pool import KVPool  # noqa: E402
 from tests.kernels.test_attention_kernels import DEVICE, PagedCase, assert_close, build_case  # noqa: E402
@@ -103,6 +109,23 @@ def test_decode_window_softcap_matches_ref(
     poison_outside_window(case, window)
     out = decode_attention(*args, num_splits=num_splits, block_n=16, window=window, softcap=softcap)
     assert_close(out, ref, torch.float32)
+
+
+@pytest.mark.parametrize("num_splits", [4, 1])
+def test_decode_window_graph_buffers_and_empty_entries(num_splits: int) -> None:
+    """Graph-style launch under a window: oversized scratch with stale NaN, a padded entry of
+    seq_len 0 (zeros out), a long entry whose splits divide only its window."""
+    case = build_case([90, 7, 0], [1, 1, 1], 4, 2, 16, 4, torch.float32, seed=9)
+    case.seq_lens[2] = 0
+    mid_o, mid_lse = alloc_decode_buffers(6, 4, 16, MAX_DECODE_SPLITS, DEVICE)
+    mid_lse.fill_(float("nan"))
+    args = (case.q, case.k_cache, case.v_cache, case.token_table, case.rows, case.seq_lens, 0.4)
+    ref = decode_attention_ref(*args, window=12, softcap=3.0)
+    poison_outside_window(case, 12)
+    out = decode_attention(*args, num_splits=num_splits, block_n=16, mid_o=mid_o, mid_lse=mid_lse, window=12,
+                           softcap=3.0)  # fmt: skip
+    assert_close(out, ref, torch.float32)
+    assert torch.all(out[2] == 0)
 
 
 def test_window_refs_match_dense_formula() -> None:
@@ -187,6 +210,22 @@ def test_triton_backend_matches_torch_backend(seq_lens: list[int], extend_lens: 
         assert_close(outs["triton"][layer], outs["torch"][layer], torch.float32)
     # The windows and the cap changed the result (the comparison above is not of plain attention).
     assert not torch.allclose(outs["torch"][0], outs["torch"][1]) and not torch.allclose(outs["torch"][0], outs["torch"][2])
+
+
+def test_triton_backend_warmup_runs_every_layer_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start-up warm-up launches each distinct layer spec's kernels (each decode split count,
+    here up to 2 to keep the interpreter quick; both extend launches) without error."""
+    import minisgl.attention.triton_backend as triton_backend
+    from minisgl.attention.triton_backend import create_triton_backend
+
+    monkeypatch.setattr(triton_backend, "MAX_DECODE_SPLITS", 2)
+
+    pool = KVPool(len(LAYER_SPECS), 8, PAGE, KV_HEADS, HEAD_DIM, torch.float32, DEVICE)
+    backend = create_triton_backend(pool, HEADS, KV_HEADS, HEAD_DIM, 0.3)
+    for layer, spec in enumerate(LAYER_SPECS):
+        backend.configure_layer(layer, spec)
+    token_table = torch.zeros(2, 8 * PAGE, dtype=torch.int32, device=DEVICE)
+    backend.warmup(token_table, 1)
 
 
 def test_triton_backend_decode_splits_follow_the_window() -> None:
