@@ -7,7 +7,7 @@ inside `forward_context`, and samples the next token of every request that compl
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -15,7 +15,7 @@ import torch
 
 from minisgl.attention.base import BaseAttnBackend
 from minisgl.attention.batch import ForwardBatch
-from minisgl.attention.registry import ATTN_BACKENDS, runs_windows
+from minisgl.attention.registry import ATTN_BACKENDS
 from minisgl.core import Req, SamplingParams
 from minisgl.engine.graph import Runner, padded_rows
 from minisgl.distributed import TPInfo, get_tp_info, set_tp_info
@@ -150,7 +150,7 @@ class Engine:
         self.device = self.platform.device
         set_tp_info(TPInfo(config.tp_rank, config.tp_size))
         self.model_dir: Path = resolve_model_dir(config.model)
-        self.model_config = _fit_windows(ModelConfig.from_dir(self.model_dir), config)
+        self.model_config = ModelConfig.from_dir(self.model_dir)
         self.dtype = _DTYPES[config.dtype]
         self.context_len = self.model_config.serving_context_len(config.max_model_len)
         if self.context_len < self.model_config.context_len:
@@ -465,21 +465,3 @@ def _chunked_logprobs(logits: torch.Tensor, targets: torch.Tensor, top_k: int, r
     """token_logprobs over many prompt rows, a block at a time (bounds the float32 temporaries)."""
     parts = [token_logprobs(logits[i : i + rows], targets[i : i + rows], top_k) for i in range(0, len(targets), rows)]
     return TokenLogprobs(*(torch.cat(column) for column in zip(*parts)))
-
-
-def _fit_windows(model_config: ModelConfig, config: EngineConfig) -> ModelConfig:
-    """A model whose every layer has the same sliding window (Mistral v0.1) runs exactly on a
-    backend without window support when no sequence outgrows the window: the served context is
-    capped at the window (with a warning naming the backend that serves it all). Models mixing
-    local and global layers, or with soft-capped logits, are refused by the backend at bind."""
-    assert config.attn is not None
-    window = model_config.sliding_window
-    if window is None or runs_windows(config.attn) or model_config.attn_logit_softcap is not None:
-        return model_config
-    if any(model_config.layer_window(i) != window for i in range(model_config.num_layers)):
-        return model_config
-    limit = min(window, model_config.context_len)
-    logger.warning("the %s attention backend has no sliding windows: serving %d tokens (the window) "
-                   "instead of %d; --attn torch serves the whole context", config.attn, limit,
-                   model_config.context_len)  # fmt: skip
-    return replace(model_config, sliding_window=None, context_len=limit)
