@@ -231,10 +231,18 @@ class Engine:
             self.pool.set_scales(from_checkpoint)
             source = f"the checkpoint's scales ({len(from_checkpoint)} layers)"
         elif self.config.calculate_kv_scales:
-            from minisgl.engine.kv_scales import CALIBRATION_TOKENS, measure_kv_scales
+            from minisgl.engine.kv_scales import CALIBRATION_TOKENS, calibration_request, measure_kv_scales
 
-            self.pool.set_scales(measure_kv_scales(self))
-            source = f"scales measured on a {CALIBRATION_TOKENS}-token calibration prefill"
+            ps = self.pool.page_size
+            n = min(CALIBRATION_TOKENS, self.context_len, self.pool.num_pages * ps)
+            req, slots = calibration_request(self.model_config.vocab_size, n, ps)
+            batch, _ = self.build_batch(StepPlan([req], slots))
+            mc = self.model_config
+            scales = measure_kv_scales(self.model, self.pool, batch, self.attn_shape[0], mc.head_dim,
+                                       mc.softmax_scale, self.attn_backend)  # fmt: skip
+            self.token_table[0].zero_()
+            self.pool.set_scales(scales)
+            source = f"scales measured on a {n}-token calibration prefill"
         else:
             source = "scales 1.0"
         logger.info("KV cache in %s with %s", self.config.kv_cache_dtype, source)
@@ -264,7 +272,7 @@ class Engine:
                     pages = torch.tensor([num_pages], dtype=torch.int64, device=self.device)
                     dist.all_reduce(pages, op=dist.ReduceOp.MIN)
                     num_pages = int(pages.item())
-        return KVPool(mc.num_layers, num_pages, cfg.page_size, kv_heads, mc.head_dim, kv_dtype, self.device)
+        return KVPool(mc.num_layers, num_pages, cfg.page_size, kv_heads, mc.head_dim, kv_dtype, self.device, self.dtype)
 
     def _make_runner(self) -> "Runner":
         from minisgl.engine.graph import EagerRunner, GraphRunner

@@ -15,55 +15,53 @@ are reproducible and no request's content decides another's numerics.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
+from torch import nn
 
+from minisgl.attention.base import BaseAttnBackend
+from minisgl.attention.batch import ForwardBatch
 from minisgl.attention.torch_backend import TorchAttnBackend
 from minisgl.core import Req, SamplingParams
 from minisgl.engine.graph import EagerRunner
-from minisgl.kvcache.pool import FP8_MAX
+from minisgl.kvcache.pool import FP8_MAX, KVPool
 from minisgl.layers.attention import AttentionLayer
-
-if TYPE_CHECKING:
-    from minisgl.engine.engine import Engine
 
 CALIBRATION_TOKENS = 512
 HEADROOM = 4.0
 SEED = 0
 
 
-@torch.inference_mode()
-def measure_kv_scales(engine: "Engine", num_tokens: int = CALIBRATION_TOKENS) -> dict[int, tuple[float, float]]:
-    """{layer: (k_scale, v_scale)} from one prefill of `num_tokens` fixed token ids on row 0 and
-    the first pages (both free at start-up; whatever it writes there is overwritten before a
-    request reads it). The layers are bound back to the engine's backend afterwards."""
-    from minisgl.engine.engine import StepPlan
-
-    pool, mc = engine.pool, engine.model_config
-    num_tokens = min(num_tokens, engine.context_len, pool.num_pages * pool.page_size)
+def calibration_request(vocab_size: int, num_tokens: int, page_size: int) -> tuple[Req, list[int]]:
+    """The calibration prefill: `num_tokens` fixed token ids on token-table row 0 and the first
+    pages (both free at start-up; what it writes is overwritten before a request reads it), and
+    the KV slots of its tokens."""
     generator = torch.Generator().manual_seed(SEED)
-    ids = torch.randint(0, mc.vocab_size, (num_tokens,), generator=generator).tolist()
+    ids = torch.randint(0, vocab_size, (num_tokens,), generator=generator).tolist()
     req = Req(-1, ids, SamplingParams(temperature=0))
     req.row, req.extend_len = 0, num_tokens
-    req.pages = list(range(-(-num_tokens // pool.page_size)))
-    slots = [req.pages[p // pool.page_size] * pool.page_size + p % pool.page_size for p in range(num_tokens)]
-    heads, kv_heads = engine.attn_shape
-    backend = TorchAttnBackend(pool, heads, kv_heads, mc.head_dim, mc.softmax_scale)
-    for module in engine.model.modules():
-        if isinstance(module, AttentionLayer):
-            module.bind(backend)
+    req.pages = list(range(-(-num_tokens // page_size)))
+    return req, [req.pages[p // page_size] * page_size + p % page_size for p in range(num_tokens)]
+
+
+@torch.inference_mode()
+def measure_kv_scales(
+    model: nn.Module, pool: KVPool, batch: ForwardBatch, num_heads: int, head_dim: int, sm_scale: float,
+    backend: BaseAttnBackend,
+) -> dict[int, tuple[float, float]]:  # fmt: skip
+    """{layer: (k_scale, v_scale)} from running `batch` (the calibration request's) through the
+    torch backend; the layers are bound back to `backend` afterwards."""
+    calibrate = TorchAttnBackend(pool, num_heads, pool.num_kv_heads, head_dim, sm_scale)
+    layers = [m for m in model.modules() if isinstance(m, AttentionLayer)]
+    for layer in layers:
+        layer.bind(calibrate)
     pool.observed = {}
     try:
-        batch, _ = engine.build_batch(StepPlan([req], slots))
-        EagerRunner(engine.model, backend).run(batch)
+        EagerRunner(model, calibrate).run(batch)
         observed = {layer: (float(k), float(v)) for layer, (k, v) in pool.observed.items()}
     finally:
         pool.observed = None
-        engine.token_table[0].zero_()
-        for module in engine.model.modules():
-            if isinstance(module, AttentionLayer):
-                module.bind(engine.attn_backend)
+        for layer in layers:
+            layer.bind(backend)
     tiny = torch.finfo(torch.float32).tiny
     return {
         layer: (max(k, tiny) * HEADROOM / FP8_MAX, max(v, tiny) * HEADROOM / FP8_MAX)

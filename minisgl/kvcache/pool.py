@@ -28,13 +28,16 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
+        """`dtype`: the pages' element type; `compute_dtype`: the model's (q's), default `dtype`."""
         self.num_layers = num_layers
         self.num_pages = num_pages
         self.page_size = page_size
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
+        self.compute_dtype = compute_dtype or dtype
         self.quantized = dtype == torch.float8_e4m3fn
         self.k_scale = [1.0] * num_layers
         self.v_scale = [1.0] * num_layers
@@ -64,8 +67,8 @@ class KVPool:
         """x in the pool's element type (float8: divided by `scale`, saturated)."""
         if not self.quantized:
             return x.to(self.dtype)
-        if scale != 1.0:
-            x = x.float() / scale
+        if scale != 1.0:  # times the reciprocal, as the store kernel does (kernels/store_kv.py)
+            x = x.float() * (1.0 / scale)
         return x.clamp(-FP8_MAX, FP8_MAX).to(self.dtype)
 
     def store(self, layer_id: int, out_loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
