@@ -8,6 +8,7 @@
 #            seed 0, dummy weights), bs=1 decode (128-token prompt, 1024 out), and ablations of the
 #            same workload: --no-overlap-schedule, --no-fused-kernels (UNFUSED=0 skips it), no CUDA graphs
 #   main     the headline run alone
+#   fp8kv    the headline workload with --kv-cache-dtype fp8_e4m3 beside bf16 KV, and bs=1 decode with it
 #   ablate   the other switches, each against the default of the same call: --no-pdl, --no-fold-norms,
 #            --no-triton-gemm, --no-decode-tuned, --no-pad-eager, 8k-token prefill steps
 #   bench8b  Qwen3-8B, the same workload        moe  Qwen3-30B-A3B, the same workload
@@ -137,6 +138,11 @@ if has bench; then
     bench qwen3-0.6b-nograph 90 $W --cuda-graph-max-bs 0
 fi
 has main && ab qwen3-0.6b 110 $W  # the headline run alone
+if has fp8kv; then  # issue 25: the same workload with float8 KV pages, beside the bf16 run of this call
+    bench qwen3-0.6b-bf16kv 110 $W
+    bench qwen3-0.6b-fp8kv 110 $W --kv-cache-dtype fp8_e4m3
+    bench bs1-fp8kv 45 $B1 --kv-cache-dtype fp8_e4m3
+fi
 if has ablate; then  # switches under study, each against the headline run of the same call
     bench qwen3-0.6b-default 110 $W
     for flag in --no-pdl --no-fold-norms --no-triton-gemm --no-decode-tuned --no-pad-eager; do

@@ -152,8 +152,11 @@ class TritonAttnBackend(BaseAttnBackend):
         max_seq_len = max((batch.seq_lens_cpu[i] for i in many), default=0)
         return TritonExtendMeta(max((lens[i] for i in many), default=0), max_seq_len, split)
 
-    def kv_store(self, layer_id: int, batch: ForwardBatch) -> KVStore:
-        # The fused rotary kernel writes k and v into the pool, saving the store launch per layer.
+    def kv_store(self, layer_id: int, batch: ForwardBatch) -> KVStore | None:
+        # The fused rotary kernel writes k and v into the pool, saving the store launch per layer;
+        # a float8 pool takes them through `store_kv`, which scales and saturates.
+        if self.pool.quantized:
+            return None
         return KVStore(self.pool.k[layer_id], self.pool.v[layer_id], batch.out_loc)
 
     def forward(
@@ -162,16 +165,19 @@ class TritonAttnBackend(BaseAttnBackend):
         k_cache, v_cache = self.pool.k[layer_id], self.pool.v[layer_id]
         if k is not None and v is not None:
             kv_shape = (-1, self.num_kv_heads, self.head_dim)
-            store_kv(k.view(kv_shape), v.view(kv_shape), k_cache, v_cache, batch.out_loc)
+            store_kv(k.view(kv_shape), v.view(kv_shape), k_cache, v_cache, batch.out_loc,
+                     self.pool.k_scale[layer_id], self.pool.v_scale[layer_id])  # fmt: skip
         q = q.view(-1, self.num_heads, self.head_dim)
         meta = batch.attn_meta
         spec = self.specs.get(layer_id, _PLAIN)
+        # Each layer's variant: its window and soft-cap, and a float8 pool's scales (1.0 otherwise).
         window, softcap = spec.sliding_window, spec.logit_cap
+        scales = {"k_scale": self.pool.k_scale[layer_id], "v_scale": self.pool.v_scale[layer_id]}
         if isinstance(meta, TritonDecodeMeta):
             return decode_attention(
                 q, k_cache, v_cache, batch.token_table, meta.rows, meta.seq_lens, self.sm_scale,
                 mid_o=meta.mid_o, mid_lse=meta.mid_lse, order=meta.order, **meta.launch._asdict(),
-                window=window, softcap=softcap,
+                window=window, softcap=softcap, **scales,
             )  # fmt: skip
         assert isinstance(meta, TritonExtendMeta), "prepare() did not run for this batch"
         split = meta.split
@@ -179,20 +185,20 @@ class TritonAttnBackend(BaseAttnBackend):
             return extend_attention(
                 q, k_cache, v_cache, batch.token_table, batch.rows, batch.seq_lens, batch.extend_lens,
                 batch.extend_starts, self.sm_scale, max_extend_len=meta.max_extend_len,
-                max_seq_len=meta.max_seq_len, window=window, softcap=softcap,
+                max_seq_len=meta.max_seq_len, window=window, softcap=softcap, **scales,
             )  # fmt: skip
         out = torch.empty_like(q)
         # The extend kernel writes only its requests' rows of `out`; the decode rows go in after.
         extend_attention(
             q, k_cache, v_cache, batch.token_table, split.rows, split.seq_lens, split.extend_lens,
             split.extend_starts, self.sm_scale, max_extend_len=meta.max_extend_len,
-            max_seq_len=meta.max_seq_len, out=out, window=window, softcap=softcap,
+            max_seq_len=meta.max_seq_len, out=out, window=window, softcap=softcap, **scales,
         )  # fmt: skip
         d = split.decode
         decoded = decode_attention(
             q.index_select(0, split.token_idx), k_cache, v_cache, batch.token_table, d.rows, d.seq_lens,
             self.sm_scale, mid_o=d.mid_o, mid_lse=d.mid_lse, order=d.order, **d.launch._asdict(),
-            window=window, softcap=softcap,
+            window=window, softcap=softcap, **scales,
         )  # fmt: skip
         return out.index_copy_(0, split.token_idx, decoded)
 
@@ -201,7 +207,7 @@ class TritonAttnBackend(BaseAttnBackend):
         to MAX_DECODE_SPLITS, a compile-time constant), and the extend kernel's launches for short
         and long sequences: one request of one token at `row`, once per kind of layer the model
         has (plain, windowed, soft-capped: each its own kernel variant)."""
-        q = torch.zeros(1, self.num_heads, self.head_dim, dtype=self.pool.dtype, device=self.device)
+        q = torch.zeros(1, self.num_heads, self.head_dim, dtype=self.pool.compute_dtype, device=self.device)
         rows = torch.full((1,), row, dtype=torch.int64, device=self.device)
         seq_lens = torch.ones(1, dtype=torch.int32, device=self.device)
         order = torch.zeros(1, dtype=torch.int32, device=self.device)
@@ -270,7 +276,7 @@ class TritonAttnBackend(BaseAttnBackend):
 
     def _graph_launch(self, batch_size: int) -> DecodeLaunch:
         return decode_graph_launch(
-            batch_size, self.num_heads, self.num_kv_heads, self.head_dim, self.pool.dtype, self.device,
+            batch_size, self.num_heads, self.num_kv_heads, self.head_dim, self.pool.compute_dtype, self.device,
             tuned=self.decode_tuned,
         )
 

@@ -6,6 +6,7 @@ from typing import Literal, get_args
 from minisgl.platform.kernel_config import KernelConfig
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
+KVCacheDType = Literal["auto", "fp8_e4m3"]
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,12 @@ class EngineConfig:
     page_size: int = 16
     num_pages: int | None = None  # None: derived from memory_fraction / kv_cache_gb
     kv_cache_gb: float | None = None  # explicit KV budget (GiB); wins over memory_fraction
+    # KV pool element type: "auto" = the model dtype; "fp8_e4m3" = float8 pages with per-layer
+    # scales (the checkpoint's, else 1.0): half the bytes of bf16, twice the tokens per GiB.
+    kv_cache_dtype: KVCacheDType = "auto"
+    # float8 KV without scales in the checkpoint: measure them at start (engine/kv_scales.py);
+    # False: every scale 1.0 (vLLM's default).
+    calculate_kv_scales: bool = True
     memory_fraction: float = 0.85  # fraction of free device memory (CUDA) the engine may hold
     dummy_weights: bool = False
     attn: str | None = None  # attention backend name; None: platform default
@@ -36,6 +43,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in get_args(DType):
             raise ValueError(f"unknown dtype {self.dtype!r}: use one of {', '.join(get_args(DType))}")
+        if self.kv_cache_dtype not in get_args(KVCacheDType):
+            raise ValueError(
+                f"unknown kv_cache_dtype {self.kv_cache_dtype!r}: use one of {', '.join(get_args(KVCacheDType))}"
+            )
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.num_pages is not None and self.num_pages < 1:

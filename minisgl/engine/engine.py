@@ -25,7 +25,7 @@ from minisgl.engine.grammar import GrammarState, bitmask_width
 from minisgl.engine.penalties import PenaltyTracker
 from minisgl.engine.sampler import LogitsControls, Sampler, SamplingBatch, TokenLogprobs, token_logprobs
 from minisgl.utils.transfer import StagingRing, upload, upload_many
-from minisgl.kvcache.pool import KVPool
+from minisgl.kvcache.pool import KV_CACHE_DTYPES, KVPool
 from minisgl.layers.attention import AttentionLayer
 from minisgl.models.config import ModelConfig
 from minisgl.platform import init_platform
@@ -171,10 +171,11 @@ class Engine:
                 self.model = build_model(self.model_config)
         finally:
             torch.set_default_dtype(default_dtype)
+        kv_scales: dict[int, tuple[float, float]] = {}
         if config.dummy_weights:
             init_dummy_weights(self.model, config.seed)
         else:
-            load_weights(self.model, self.model_dir)
+            kv_scales = load_weights(self.model, self.model_dir)
         self.model.eval()
 
         self.pool = self._make_pool()
@@ -184,9 +185,7 @@ class Engine:
         )
         assert config.attn is not None
         attn_name = config.attn
-        tp = get_tp_info()
-        num_heads = self.model_config.num_heads // tp.size
-        num_kv_heads = max(1, self.model_config.num_kv_heads // tp.size)
+        num_heads, num_kv_heads = self.attn_shape
         self.attn_backend = ATTN_BACKENDS.get(attn_name)(
             self.pool, num_heads, num_kv_heads, self.model_config.head_dim, self.model_config.softmax_scale
         )
@@ -194,10 +193,6 @@ class Engine:
         for module in self.model.modules():
             if isinstance(module, AttentionLayer):  # each layer tells the backend its window / soft-cap
                 module.bind(self.attn_backend)
-        # Fewer kernels per layer where the Triton kernels finish the RMSNorms (models/llama.py).
-        fold = getattr(self.model, "fold_norms", None)
-        if config.kernels.fold_norms and fold is not None and fold():
-            logger.info("RMSNorm weights folded into the qkv and gate_up projections")
         self.sampler = Sampler(fused=config.kernels.fused_kernels, seed=config.seed)
         self.penalties = PenaltyTracker(self.model_config.vocab_size, self.device)
         # Reused host staging and events (allocating pinned memory or CUDA events per step costs
@@ -208,6 +203,12 @@ class Engine:
         self._events = [self.platform.new_event(), self.platform.new_event()]
         self._step_parity = 0
         self.pad_eager = bool(config.pad_eager)
+        if self.pool.quantized:  # before folding (it runs the plain layers) and graph capture
+            self._set_kv_scales(kv_scales)
+        # Fewer kernels per layer where the Triton kernels finish the RMSNorms (models/llama.py).
+        fold = getattr(self.model, "fold_norms", None)
+        if config.kernels.fold_norms and fold is not None and fold():
+            logger.info("RMSNorm weights folded into the qkv and gate_up projections")
         self.runner = self._make_runner()
         if self.platform.compiles_triton:  # compiled kernels only (the CPU interpreter compiles nothing)
             self.attn_backend.warmup(self.token_table, self.scratch_row)
@@ -217,12 +218,42 @@ class Engine:
             self.pool.num_pages, self.pool.page_size, attn_name,
         )
 
+    @property
+    def attn_shape(self) -> tuple[int, int]:
+        """This rank's query and KV head counts."""
+        tp = get_tp_info()
+        return self.model_config.num_heads // tp.size, max(1, self.model_config.num_kv_heads // tp.size)
+
+    def _set_kv_scales(self, from_checkpoint: dict[int, tuple[float, float]]) -> None:
+        """A float8 pool's per-layer scales: the checkpoint's, else measured (engine/kv_scales.py)
+        unless `calculate_kv_scales` is off (then 1.0)."""
+        if from_checkpoint:
+            self.pool.set_scales(from_checkpoint)
+            source = f"the checkpoint's scales ({len(from_checkpoint)} layers)"
+        elif self.config.calculate_kv_scales:
+            from minisgl.engine.kv_scales import CALIBRATION_TOKENS, calibration_request, measure_kv_scales
+
+            ps = self.pool.page_size
+            n = min(CALIBRATION_TOKENS, self.context_len, self.pool.num_pages * ps)
+            req, slots = calibration_request(self.model_config.vocab_size, n, ps)
+            batch, _ = self.build_batch(StepPlan([req], slots))
+            mc = self.model_config
+            scales = measure_kv_scales(self.model, self.pool, batch, self.attn_shape[0], mc.head_dim,
+                                       mc.softmax_scale, self.attn_backend)  # fmt: skip
+            self.token_table[0].zero_()
+            self.pool.set_scales(scales)
+            source = f"scales measured on a {n}-token calibration prefill"
+        else:
+            source = "scales 1.0"
+        logger.info("KV cache in %s with %s", self.config.kv_cache_dtype, source)
+
     # ----------------------------------------------------------------------------------------
     def _make_pool(self) -> KVPool:
         cfg, mc = self.config, self.model_config
         tp = get_tp_info()
         kv_heads = max(1, mc.num_kv_heads // tp.size)
-        per_page = KVPool.bytes_per_page(mc.num_layers, cfg.page_size, kv_heads, mc.head_dim, self.dtype)
+        kv_dtype = KV_CACHE_DTYPES.get(cfg.kv_cache_dtype, self.dtype)
+        per_page = KVPool.bytes_per_page(mc.num_layers, cfg.page_size, kv_heads, mc.head_dim, kv_dtype)
         if cfg.num_pages is not None:
             num_pages = cfg.num_pages
         else:
@@ -241,7 +272,7 @@ class Engine:
                     pages = torch.tensor([num_pages], dtype=torch.int64, device=self.device)
                     dist.all_reduce(pages, op=dist.ReduceOp.MIN)
                     num_pages = int(pages.item())
-        return KVPool(mc.num_layers, num_pages, cfg.page_size, kv_heads, mc.head_dim, self.dtype, self.device)
+        return KVPool(mc.num_layers, num_pages, cfg.page_size, kv_heads, mc.head_dim, kv_dtype, self.device, self.dtype)
 
     def _make_runner(self) -> "Runner":
         from minisgl.engine.graph import EagerRunner, GraphRunner

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -97,14 +98,38 @@ def _target(model: nn.Module, name: str) -> tuple[str, str | int | None] | None:
     return name, None
 
 
-def load_weights(model: nn.Module, model_dir: Path, show_progress: bool = True) -> None:
+# Per-layer KV cache scales of an FP8-KV checkpoint: `self_attn.k_scale` / `v_scale` (vLLM's and
+# llm-compressor's names), the older `k_proj.output_scale` / `v_proj.output_scale`, and one
+# `kv_scale` for both.
+_KV_SCALE = re.compile(r"layers\.(\d+)\.self_attn\.(?:(k|v|kv)_scale|(k|v)_proj\.output_scale)$")
+
+
+def kv_scale_target(name: str) -> tuple[int, str] | None:
+    """(layer, "k" | "v" | "kv") when `name` is a KV cache scale."""
+    match = _KV_SCALE.search(name)
+    if match is None:
+        return None
+    return int(match.group(1)), match.group(2) or match.group(3)
+
+
+def load_weights(model: nn.Module, model_dir: Path, show_progress: bool = True) -> dict[int, tuple[float, float]]:
+    """Load the checkpoint into `model`; returns the KV cache scales it holds, {layer: (k, v)}
+    (empty for most checkpoints; a float8 KV pool uses them)."""
     from minisgl.distributed import get_tp_info
 
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
+    kv_scales: dict[int, dict[str, float]] = {}
     # With TP, sharded layers read only their rank's slice from the file.
     lazy = get_tp_info().size > 1
     for name, tensor in iter_checkpoint(model_dir, show_progress, lazy=lazy):
+        scale_of = kv_scale_target(name)
+        if scale_of is not None:
+            value = tensor.materialize() if isinstance(tensor, LazyTensor) else tensor
+            layer, which = scale_of
+            for part in ("k", "v") if which == "kv" else (which,):
+                kv_scales.setdefault(layer, {})[part] = float(value.float().max())
+            continue
         target = _target(model, name)
         if target is None:
             continue
@@ -140,6 +165,7 @@ def load_weights(model: nn.Module, model_dir: Path, show_progress: bool = True) 
     missing = _missing(model, loaded)
     if missing:
         raise ValueError(f"checkpoint in {model_dir} lacks weights for: {', '.join(sorted(missing)[:8])}")
+    return {layer: (parts.get("k", 1.0), parts.get("v", 1.0)) for layer, parts in kv_scales.items()}
 
 
 def _fused_parts(model: nn.Module, param_name: str) -> list[tuple[str | int, int]] | None:

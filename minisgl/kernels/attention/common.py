@@ -49,7 +49,8 @@ def _attend_block(
     # int64 before scaling by the slot stride: large pools overflow int32 element offsets.
     slots = tl.load(table_row_ptr + kv_pos, mask=kv_mask, other=0).to(tl.int64)
     kv_load_mask = kv_mask[:, None] & d_mask[None, :]
-    k = tl.load(k_head_ptr + slots[:, None] * stride_ks + offs_d[None, :], mask=kv_load_mask, other=0.0)
+    # .to(q.dtype): a float8 cache is widened in registers (a no-op when the cache is q's dtype).
+    k = tl.load(k_head_ptr + slots[:, None] * stride_ks + offs_d[None, :], mask=kv_load_mask, other=0.0).to(q.dtype)
     scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
     if SOFTCAP:
         scores = _tanh(scores) * cap_scale
@@ -60,7 +61,7 @@ def _attend_block(
     alpha = tl.exp2(m_i - m_shift)
     p = tl.exp2(scores - m_shift[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_head_ptr + slots[:, None] * stride_vs + offs_d[None, :], mask=kv_load_mask, other=0.0)
+    v = tl.load(v_head_ptr + slots[:, None] * stride_vs + offs_d[None, :], mask=kv_load_mask, other=0.0).to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, m_new, l_i
 
@@ -108,5 +109,6 @@ def _check_layout(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor)
     num_kv_heads = k_cache.shape[1]
     assert k_cache.shape[2] == head_dim and num_heads % num_kv_heads == 0
     assert q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
-    assert q.dtype == k_cache.dtype == v_cache.dtype
+    # The cache is q's dtype, or float8 (its scales passed as k_scale / v_scale).
+    assert k_cache.dtype == v_cache.dtype and k_cache.dtype in (q.dtype, torch.float8_e4m3fn)
     return num_heads, num_kv_heads, head_dim

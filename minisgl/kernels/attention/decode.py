@@ -52,6 +52,7 @@ def _decode_split_kernel(
     order_ptr,
     qk_scale,
     cap_scale,
+    v_scale,
     window,
     stride_qb,
     stride_qh,
@@ -129,7 +130,7 @@ def _decode_split_kernel(
         )  # fmt: skip
 
     # Store the normalized partial output and its base-2 log-sum-exp (-inf for an empty split).
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None] * v_scale  # v_scale: a float8 cache's
     if NUM_SPLITS == 1:  # seq_len 0 (a padded graph entry) gives 0, as stage 2 would
         o_ptrs = o_ptr + req.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
@@ -236,6 +237,8 @@ def decode_attention(
     num_stages: int | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """One query token per request, q [B, Hq, D], attending to all `seq_lens[b]` cached positions
     (with `window`, only the last `window` of them; `softcap`: `cap * tanh(s / cap)` scores).
@@ -265,7 +268,7 @@ def decode_attention(
     _decode_split_kernel[(num_kv_heads, batch_size, num_splits)](
         q, k_cache, v_cache, mid_o, mid_lse, out,
         token_table, rows, seq_lens, order if order is not None else rows,
-        *_score_scales(sm_scale, softcap), window or 0,
+        *_score_scales(sm_scale * k_scale, softcap), v_scale, window or 0,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1), token_table.stride(0),

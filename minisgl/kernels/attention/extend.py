@@ -34,6 +34,7 @@ def _extend_kernel(
     extend_starts_ptr,
     qk_scale,
     cap_scale,
+    v_scale,
     window,
     stride_qt,
     stride_qh,
@@ -136,7 +137,7 @@ def _extend_kernel(
         )  # fmt: skip
 
     # Every real query sees at least its own key, so l > 0 on rows that are stored.
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None] * v_scale  # v_scale: a float8 cache's
     o_ptrs = o_ptr + (q_start + offs_m)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
@@ -197,6 +198,8 @@ def extend_attention(
     max_seq_len: int | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of the new tokens q [T, Hq, D] over the paged cache [slots, Hkv, D].
 
@@ -228,7 +231,7 @@ def extend_attention(
     _extend_kernel[grid](
         q, k_cache, v_cache, out,
         token_table, rows, seq_lens, extend_lens, extend_starts,
-        *_score_scales(sm_scale, softcap), window or 0,
+        *_score_scales(sm_scale * k_scale, softcap), v_scale, window or 0,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), token_table.stride(0),
         GROUP=group,
