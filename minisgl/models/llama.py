@@ -172,7 +172,9 @@ class DecoderModel(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
         if self.embed_multiplier_in_dtype:
-            return hidden * torch.tensor(self.embed_multiplier, dtype=hidden.dtype, device=hidden.device)
+            # The multiplier rounded to the activations' dtype first (Gemma's normalizer), as a
+            # host scalar: a device tensor made here would be a host copy inside a CUDA graph.
+            return hidden * _in_dtype(self.embed_multiplier, hidden.dtype)
         if self.embed_multiplier != 1.0:
             return hidden * self.embed_multiplier
         return hidden
@@ -242,3 +244,14 @@ class LlamaForCausalLM(nn.Module):
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+
+_ROUNDED: dict[tuple[float, torch.dtype], float] = {}
+
+
+def _in_dtype(value: float, dtype: torch.dtype) -> float:
+    """`value` rounded to `dtype` (and back to a Python float), cached."""
+    key = (value, dtype)
+    if key not in _ROUNDED:
+        _ROUNDED[key] = torch.tensor(value, dtype=dtype).item()
+    return _ROUNDED[key]
