@@ -3,7 +3,7 @@
 Decode attention (SmolLM2's heads: 3 KV heads x 3 q heads, head_dim 64; 32 requests of 128-640
 tokens on 16-token pages scattered over a 64k-slot pool) and the per-token ops at SmolLM2's
 shapes (hidden 576, intermediate 1536, 9 + 3 heads), in bf16 and fp32, on every code path of the
-C++ CPU kernels this CPU runs (avx512, avx2, portable: kernels/cpp_ext.py) next to the torch
+C++ CPU kernels this CPU runs (avx512bf16, avx512, avx2, portable: kernels/cpp_ext.py) next to the torch
 path. Prints us per call (the best of several timed batches: the CI machine is shared and noisy)
 and, for attention, the K/V bytes read per second.
 

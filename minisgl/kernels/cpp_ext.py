@@ -4,10 +4,11 @@ a small pybind module (kernels/csrc/cpu_bind.cpp: tensor checks and output alloc
 call). `kernels/cpu_ops.py` and `kernels/cpu_attention.py`
 are the layers' entry points; this module builds, loads and binds the library.
 
-Code paths, picked at run time by the CPU (`set_isa`, or `isa=` per call, forces one):
-"avx512" (F/BW/VL/DQ; with AVX512-BF16, bf16 GEMV/GEMM and decode attention use `vdpbf16ps`),
-"avx2" (+FMA: bf16 loaded and stored by 16-bit shifts, fp32 math) and "portable" (plain C++,
-any target). fp32 and bf16 on every path. Each ISA's translation unit (kernels/csrc/cpu_*.cpp)
+Code paths, picked at run time by the CPU ("auto": the best it runs; `set_isa`, or `isa=` per
+call, forces one): "avx512bf16" (AVX-512 plus AVX512-BF16: bf16 GEMV/GEMM and decode attention
+on `vdpbf16ps`, bf16 rounding by `vcvtneps2bf16`), "avx512" (F/BW/VL/DQ), "avx2" (+FMA: bf16
+loaded and stored by 16-bit shifts, fp32 math) and "portable" (plain C++, any target). fp32 and
+bf16 on every path. Each ISA's translation unit (kernels/csrc/cpu_*.cpp)
 carries its own target attributes, never -march=native, so one build runs on AVX2-only and
 AVX-512 CPUs alike; `load_library(portable_only=True)` builds the portable path alone with no
 x86 code (what a non-x86 target gets; the tests build and check it).
@@ -32,9 +33,9 @@ from minisgl.utils.logging import get_logger
 
 logger = get_logger(__name__)
 
-Isa = Literal["avx512", "avx2", "portable"]
+Isa = Literal["avx512bf16", "avx512", "avx2", "portable"]
 IsaChoice = Isa | Literal["auto"]
-ISAS: tuple[Isa, ...] = ("portable", "avx2", "avx512")  # index = the C++ ISA id
+ISAS: tuple[Isa, ...] = ("portable", "avx2", "avx512", "avx512bf16")  # index = the C++ ISA id
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("cpu_bind.cpp", "cpu_dispatch.cpp", "cpu_portable.cpp", "cpu_avx2.cpp", "cpu_avx512.cpp",
             "cpu_avx512bf16.cpp")  # fmt: skip
@@ -47,10 +48,9 @@ class CpuKernels:
     def __init__(self, module: Any) -> None:
         self.path: str = module.__file__
         self._lib = module
-        compiled, cpu, bf16_dot = module.isas()
+        compiled, cpu = module.isas()
         self.compiled: tuple[Isa, ...] = tuple(n for i, n in enumerate(ISAS) if compiled >> i & 1)
         self.supported: tuple[Isa, ...] = tuple(n for i, n in enumerate(ISAS) if (compiled & cpu) >> i & 1)
-        self._bf16_dot = bool(bf16_dot)
         self._default: int | None = None  # the resolved `set_isa` choice, cached per generation
         self._generation = -1
 
@@ -74,7 +74,7 @@ class CpuKernels:
 
     def has_bf16_dot(self, isa: IsaChoice | None = None) -> bool:
         """Whether bf16 GEMV / GEMM and decode attention take AVX512-BF16 dot products on `isa`."""
-        return self._bf16_dot and self.isa_id(isa) == ISAS.index("avx512")
+        return self.isa_id(isa) == ISAS.index("avx512bf16")
 
     # Each op: the binding (kernels/csrc/cpu_bind.cpp) checks the tensors (RuntimeError with the
     # op's name) and allocates the outputs.
@@ -163,7 +163,7 @@ def load_library(portable_only: bool = False) -> CpuKernels:
         cached = any(directory.glob(f"{name}*.so"))
         if not cached:
             logger.info("building the C++ CPU kernels, once (%s; ~10 s on 2 cores) in %s",
-                        "portable only" if portable_only else "avx512 + avx2 + portable", directory)  # fmt: skip
+                        "portable only" if portable_only else "avx512bf16 + avx512 + avx2 + portable", directory)  # fmt: skip
         cflags = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-Wno-maybe-uninitialized",
                   "-Wno-uninitialized"]  # fmt: skip
         if portable_only:

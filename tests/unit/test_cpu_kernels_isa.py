@@ -1,5 +1,5 @@
-"""Every float C++ CPU kernel (kernels/cpp_ext.py) on every code path this CPU runs (avx512,
-avx2, portable), in fp32 and bf16, against the plain-torch references, on odd sizes (hidden not a
+"""Every float C++ CPU kernel (kernels/cpp_ext.py) on every code path this CPU runs (avx512bf16,
+avx512, avx2, portable), in fp32 and bf16, against the plain-torch references, on odd sizes (hidden not a
 multiple of 16, head_dim 64/128/72, vector tails); the `set_isa` switch; and the portable path
 built alone (no x86 code or flags, what a non-x86 target gets), tested the same way.
 
@@ -26,7 +26,7 @@ from minisgl.kernels.norm_ref import fused_add_rms_norm_ref, rms_norm_ref
 from minisgl.kernels.rotary_ref import qk_norm_rotary_ref, rotary_ref
 
 BF16, F32 = torch.bfloat16, torch.float32
-PATHS = ["avx512", "avx2", "portable"]
+PATHS = ["avx512bf16", "avx512", "avx2", "portable"]
 DTYPES = [F32, BF16]
 
 

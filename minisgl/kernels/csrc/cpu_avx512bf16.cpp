@@ -1,7 +1,8 @@
-// AVX512-BF16 kernels (vdpbf16ps: pairs of bf16 products summed into fp32; the products of bf16
-// inputs are exact in fp32) for the bf16 GEMV / small GEMM and the bf16 decode attention: what the
-// AVX-512 path runs for these where the CPU has AVX512-BF16 (Sapphire Rapids, Zen 4). Compiled
-// for that target through a target pragma / attribute, as cpu_avx2.cpp explains.
+// What the "avx512" path runs where the CPU also has AVX512-BF16 (Sapphire Rapids, Zen 4): bf16
+// GEMV / small GEMM and decode attention on vdpbf16ps (pairs of bf16 products summed into fp32;
+// the products of bf16 inputs are exact in fp32), and the generic kernels with vcvtneps2bf16 for
+// the bf16 rounding. Compiled for that target through a target pragma / attribute, as
+// cpu_avx2.cpp explains.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -92,7 +93,7 @@ static inline void tile(const uint16_t* x, int64_t xs, const uint16_t* w, int64_
     for (int j = 0; j < NB; ++j) res[i * NB + j] = _mm512_reduce_add_ps(acc[j][i]);
 }
 
-void linear_rows(const LinearArgs& a, int64_t n0, int64_t n1) {
+void linear_rows_dot(const LinearArgs& a, int64_t n0, int64_t n1) {
   constexpr int NB = 4, MB = 6;
   const uint16_t* x = static_cast<const uint16_t*>(a.x);
   const uint16_t* w = static_cast<const uint16_t*>(a.w);
@@ -122,7 +123,7 @@ void linear_rows(const LinearArgs& a, int64_t n0, int64_t n1) {
 // softmax, p.v accumulated in fp32. scratch: G * Lp scores, then G * D accumulators.
 bool attention_fits(int64_t D, int64_t G) { return D % 32 == 0 && D <= 256 && G <= 8; }
 
-void attention_task(const AttnArgs& a, int64_t task, float* scratch) {
+void attention_task_dot(const AttnArgs& a, int64_t task, float* scratch) {
   const int64_t D = a.D, G = a.G, C = D / 32, b = task / a.Hkv, h = task % a.Hkv;
   const int64_t L = a.lens[b], Lp = (L + 15) / 16 * 16;
   const int32_t* slots = a.table + a.rows[b] * a.t_sr;
@@ -182,6 +183,12 @@ void attention_task(const AttnArgs& a, int64_t task, float* scratch) {
                           (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(acc + g * D + c * 16), iv)));
   }
 }
+
+// ---- the generic kernels, with vcvtneps2bf16 for the bf16 rounding -------------------------------
+#define MINISGL_AVX512_BF16_CVT 1
+#include "cpu_avx512_v.h"
+
+#include "cpu_kernels_impl.h"
 
 }  // namespace avx512bf16
 }  // namespace minisgl_cpu

@@ -15,7 +15,6 @@
 extern "C" {
 int minisgl_cpu_isas_compiled();
 int minisgl_cpu_isas_cpu();
-int minisgl_cpu_has_bf16_dot();
 int minisgl_cpu_rms_norm(int, int, const void*, int64_t, const void*, void*, const void*, void*, int64_t, int64_t,
                          double, int);
 int minisgl_cpu_rotary(int, int, const int64_t*, const void*, int64_t, int64_t, const void*, int64_t, int64_t,
@@ -51,9 +50,7 @@ void check_status(int rc, const char* what) {
   TORCH_CHECK(rc == 0, what, ": error ", rc);
 }
 
-std::tuple<int, int, int> isas() {
-  return {minisgl_cpu_isas_compiled(), minisgl_cpu_isas_cpu(), minisgl_cpu_has_bf16_dot()};
-}
+std::tuple<int, int> isas() { return {minisgl_cpu_isas_compiled(), minisgl_cpu_isas_cpu()}; }
 
 // x [..., H] (rows may be strided, unit stride along H), w [H] -> [..., H]
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps, int isa) {
@@ -197,7 +194,7 @@ Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("isas", &isas, "(compiled ISA mask, CPU ISA mask, AVX512-BF16 dot products)");
+  m.def("isas", &isas, "(compiled ISA mask, CPU ISA mask)");
   m.def("rms_norm", &rms_norm);
   m.def("add_rms_norm", &add_rms_norm);
   m.def("rotary", &rotary);

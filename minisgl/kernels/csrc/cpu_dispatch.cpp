@@ -16,11 +16,12 @@ MINISGL_CPU_DECLARE(portable)
 #define MINISGL_CPU_HAVE_X86 1
 MINISGL_CPU_DECLARE(avx2)
 MINISGL_CPU_DECLARE(avx512)
+MINISGL_CPU_DECLARE(avx512bf16)
 namespace minisgl_cpu {
 namespace avx512bf16 {
-void linear_rows(const LinearArgs& a, int64_t n0, int64_t n1);
+void linear_rows_dot(const LinearArgs& a, int64_t n0, int64_t n1);
 bool attention_fits(int64_t D, int64_t G);
-void attention_task(const AttnArgs& a, int64_t task, float* scratch);
+void attention_task_dot(const AttnArgs& a, int64_t task, float* scratch);
 }  // namespace avx512bf16
 }  // namespace minisgl_cpu
 #endif
@@ -31,7 +32,7 @@ enum Status : int { OK = 0, BAD_ISA = 2, NO_MEMORY = 4, BAD_POSITION = 5, BAD_TA
 
 static int compiled_mask() {
 #ifdef MINISGL_CPU_HAVE_X86
-  return (1 << ISA_PORTABLE) | (1 << ISA_AVX2) | (1 << ISA_AVX512);
+  return (1 << ISA_PORTABLE) | (1 << ISA_AVX2) | (1 << ISA_AVX512) | (1 << ISA_AVX512BF16);
 #else
   return 1 << ISA_PORTABLE;
 #endif
@@ -45,21 +46,14 @@ static int cpu_mask() {
   if ((mask & (1 << ISA_AVX2)) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
     mask |= 1 << ISA_AVX512;
+  if ((mask & (1 << ISA_AVX512)) && __builtin_cpu_supports("avx512bf16")) mask |= 1 << ISA_AVX512BF16;
 #endif
   return mask;
 }
 
-static bool has_bf16_dot() {
-#if defined(MINISGL_CPU_HAVE_X86) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
-  return (cpu_mask() & (1 << ISA_AVX512)) && __builtin_cpu_supports("avx512bf16");
-#elif defined(MINISGL_CPU_HAVE_X86) && defined(__clang__)
-  return (cpu_mask() & (1 << ISA_AVX512)) && __builtin_cpu_supports("avx512bf16");
-#else
-  return false;
-#endif
-}
+static const int CPU_MASK = cpu_mask();
 
-static bool usable(int isa) { return (compiled_mask() & cpu_mask() & (1 << isa)) != 0; }
+static bool usable(int isa) { return isa >= 0 && isa < 8 && (compiled_mask() & CPU_MASK & (1 << isa)) != 0; }
 
 // fn(begin, end) over [0, n) split into one contiguous range per thread, at least `grain` tasks
 // each (as at::parallel_for splits).
@@ -81,11 +75,12 @@ static void parallel(int64_t n, int64_t grain, int nthreads, const Fn& fn) {
 }
 
 #ifdef MINISGL_CPU_HAVE_X86
-#define MINISGL_CPU_CALL(isa, fn, ...)                          \
-  do {                                                          \
-    if ((isa) == ISA_AVX512) avx512::fn(__VA_ARGS__);           \
-    else if ((isa) == ISA_AVX2) avx2::fn(__VA_ARGS__);          \
-    else portable::fn(__VA_ARGS__);                             \
+#define MINISGL_CPU_CALL(isa, fn, ...)                                     \
+  do {                                                                     \
+    if ((isa) == ISA_AVX512BF16) avx512bf16::fn(__VA_ARGS__);              \
+    else if ((isa) == ISA_AVX512) avx512::fn(__VA_ARGS__);                 \
+    else if ((isa) == ISA_AVX2) avx2::fn(__VA_ARGS__);                     \
+    else portable::fn(__VA_ARGS__);                                        \
   } while (0)
 #else
 #define MINISGL_CPU_CALL(isa, fn, ...) portable::fn(__VA_ARGS__)
@@ -98,8 +93,7 @@ using namespace minisgl_cpu;
 extern "C" {
 
 int minisgl_cpu_isas_compiled() { return compiled_mask(); }
-int minisgl_cpu_isas_cpu() { return cpu_mask(); }
-int minisgl_cpu_has_bf16_dot() { return has_bf16_dot() ? 1 : 0; }
+int minisgl_cpu_isas_cpu() { return CPU_MASK; }
 
 int minisgl_cpu_rms_norm(int isa, int dt, const void* x, int64_t xs, const void* res, void* total, const void* w,
                          void* out, int64_t T, int64_t H, double eps, int nthreads) {
@@ -139,9 +133,9 @@ int minisgl_cpu_linear(int isa, int dt, const void* x, int64_t xs, int64_t M, co
   LinearArgs a{x, xs, nullptr, w, ws, bias, out, M, N, K};
   const int64_t blocks = (N + 3) / 4, grain = M == 1 ? 8 : 4;
 #ifdef MINISGL_CPU_HAVE_X86
-  if (isa == ISA_AVX512 && dt == DT_BF16 && has_bf16_dot()) {
+  if (isa == ISA_AVX512BF16 && dt == DT_BF16) {
     parallel(blocks, grain, nthreads, [&](int64_t b, int64_t e) {
-      avx512bf16::linear_rows(a, b * 4, std::min(N, e * 4));
+      avx512bf16::linear_rows_dot(a, b * 4, std::min(N, e * 4));
     });
     return OK;
   }
@@ -184,7 +178,7 @@ int minisgl_cpu_decode_attention(int isa, int dt, const void* q, int64_t q_sb, i
                    static_cast<float>(scale), out, o_sb, o_sh};
   bool bf16_dot = false;
 #ifdef MINISGL_CPU_HAVE_X86
-  bf16_dot = isa == ISA_AVX512 && dt == DT_BF16 && has_bf16_dot() && avx512bf16::attention_fits(D, G);
+  bf16_dot = isa == ISA_AVX512BF16 && dt == DT_BF16 && avx512bf16::attention_fits(D, G);
 #endif
   const int64_t tasks = B * Hkv;
   const int64_t scratch = G * ((max_len + 15) / 16 * 16) + 2 * G * D + 2 * D + 64;
@@ -198,7 +192,7 @@ int minisgl_cpu_decode_attention(int isa, int dt, const void* q, int64_t q_sb, i
     for (int64_t task = 0; task < tasks; ++task) {
       if (buf == nullptr) continue;  // every thread still meets the loop (a worksharing construct)
 #ifdef MINISGL_CPU_HAVE_X86
-      if (bf16_dot) avx512bf16::attention_task(a, task, buf);
+      if (bf16_dot) avx512bf16::attention_task_dot(a, task, buf);
       else
 #endif
         MINISGL_CPU_CALL(isa, attention_task, dt, a, task, buf);

@@ -9,7 +9,8 @@
 namespace minisgl_cpu {
 
 // ISA ids, also the bit positions of the masks that minisgl_cpu_isas_* return.
-enum Isa : int { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+// ISA_AVX512: F/BW/VL/DQ; ISA_AVX512BF16: the same plus the AVX512-BF16 instructions.
+enum Isa : int { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512BF16 = 3 };
 // Element types of the activations and weights: fp32, or bf16 stored as its 16 bits.
 enum Dtype : int { DT_F32 = 0, DT_BF16 = 1 };
 
