@@ -162,7 +162,7 @@ def load_library(portable_only: bool = False) -> CpuKernels:
         directory.mkdir(parents=True, exist_ok=True)
         cached = any(directory.glob(f"{name}*.so"))
         if not cached:
-            logger.info("building the C++ CPU kernels, once (%s; ~10 s on 2 cores) in %s",
+            logger.info("building the C++ CPU kernels, once (%s; ~20 s on 2 idle cores) in %s",
                         "portable only" if portable_only else "avx512bf16 + avx512 + avx2 + portable", directory)  # fmt: skip
         cflags = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-Wno-maybe-uninitialized",
                   "-Wno-uninitialized"]  # fmt: skip
@@ -177,9 +177,9 @@ def load_library(portable_only: bool = False) -> CpuKernels:
             _FAILED[portable_only] = f"building the C++ CPU kernels failed ({type(exc).__name__}: {exc})"
             raise RuntimeError(_FAILED[portable_only]) from exc
         lib = _LIBS[portable_only] = CpuKernels(module)
-        (logger.debug if cached else logger.info)("C++ CPU kernels %s in %.1f s (paths: %s; best %s)",
-                                                  "loaded" if cached else "built", time.perf_counter() - start,
-                                                  ", ".join(lib.supported), lib.best_isa())  # fmt: skip
+        logger.info("C++ CPU kernels %s in %.1f s (paths this CPU runs: %s; auto takes %s)",
+                    "loaded" if cached else "built", time.perf_counter() - start, ", ".join(lib.supported),
+                    lib.best_isa())  # fmt: skip
         return lib
 
 
