@@ -47,7 +47,7 @@ class CpuKernels:
 
     def __init__(self, module: Any) -> None:
         self.path: str = module.__file__
-        self._lib = module
+        self.module = self._lib = module  # the binding: each function takes its op's tensors, then the ISA id
         compiled, cpu = module.isas()
         self.compiled: tuple[Isa, ...] = tuple(n for i, n in enumerate(ISAS) if compiled >> i & 1)
         self.supported: tuple[Isa, ...] = tuple(n for i, n in enumerate(ISAS) if (compiled & cpu) >> i & 1)

@@ -186,7 +186,8 @@ int minisgl_cpu_decode_attention(int isa, int dt, const void* q, int64_t q_sb, i
   int status = OK;
 #pragma omp parallel num_threads(nt) reduction(| : status) if (nt > 1)
   {
-    float* buf = static_cast<float*>(malloc(sizeof(float) * scratch));
+    // 64-byte aligned: the accumulators' full-vector loads and stores must not split cache lines.
+    float* buf = static_cast<float*>(aligned_alloc(64, (sizeof(float) * scratch + 63) / 64 * 64));
     if (buf == nullptr) status |= NO_MEMORY;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
