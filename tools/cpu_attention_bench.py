@@ -5,7 +5,9 @@ tokens on 16-token pages scattered over a 64k-slot pool) and the per-token ops a
 shapes (hidden 576, intermediate 1536, 9 + 3 heads), in bf16 and fp32, on every code path of the
 C++ CPU kernels this CPU runs (avx512bf16, avx512, avx2, portable: kernels/cpp_ext.py) next to the torch
 path. Prints us per call (the best of several timed batches: the CI machine is shared and noisy)
-and, for attention, the K/V bytes read per second.
+and, for attention, the K/V bytes read per second. `--old REV` adds the AVX-512-only torch
+extensions of git revision REV (before/after); `--threads 1 --clock cpu` is the robust setting on
+a busy machine.
 
 Research tool, not product code. Findings: docs/performance.md, section "C++ decode attention on
 CPU".
@@ -45,22 +47,32 @@ def best_us(fn: Callable[[], object], runs: int, repeats: int = 5) -> float:
     return best * 1e6
 
 
-def load_old(directory: str) -> tuple[object, object]:
-    """The torch extensions of the AVX-512-only kernels this library replaced (built from
-    git history into `directory` by torch's JIT: minisgl_cpu_ops/, minisgl_cpu_decode_attention/)."""
-    import importlib.machinery
-    import importlib.util
+def load_old(rev: str) -> tuple[object, object]:
+    """The AVX-512-only torch extensions this library replaced, built from git revision `rev`
+    (e.g. d1240af, before the change) with their own flags (-march=native), cached in /tmp."""
+    import subprocess
+    import tempfile
     from pathlib import Path
 
-    modules = []
-    for name in ("minisgl_cpu_ops", "minisgl_cpu_decode_attention"):
-        path = str(next((Path(directory) / name).glob(f"{name}*.so")))
-        spec = importlib.util.spec_from_file_location(name, path, loader=importlib.machinery.ExtensionFileLoader(name, path))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-        modules.append(module)
-    return modules[0], modules[1]
+    from torch.utils.cpp_extension import load_inline
+
+    def source(*names: str) -> str:
+        return "".join(subprocess.run(["git", "show", f"{rev}:minisgl/kernels/csrc/{n}"], capture_output=True,
+                                      text=True, check=True).stdout for n in names)  # fmt: skip
+
+    folder = Path(tempfile.gettempdir()) / f"minisgl_old_cpu_kernels_{rev}"
+    built = []
+    for name, files, functions, flags in (
+        ("minisgl_cpu_ops", ("avx512_math.h", "cpu_ops.cpp"),
+         ["gemv", "gemm_rows", "has_bf16_dot", "rms_norm", "add_rms_norm", "rotary", "silu_and_mul"], []),
+        ("minisgl_cpu_decode_attention", ("avx512_math.h", "cpu_decode_attention.cpp"), ["decode_attention"],
+         ["-ffast-math", "-fno-finite-math-only"]),
+    ):  # fmt: skip
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        built.append(load_inline(name=name, cpp_sources=[source(*files)], functions=functions,
+                                 extra_cflags=["-O3", "-march=native", *flags, "-fopenmp"], extra_ldflags=["-fopenmp"],
+                                 build_directory=str(folder / name), verbose=False))  # fmt: skip
+    return built[0], built[1]
 
 
 def attention_case(dtype: torch.dtype) -> tuple:
@@ -140,7 +152,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["bf16", "fp32", "both"], default="both")
     parser.add_argument("--clock", choices=list(CLOCK), default="wall",
                         help="cpu: process CPU time (robust on a shared machine with --threads 1)")
-    parser.add_argument("--old", metavar="DIR", help="also time the replaced AVX-512-only torch extensions built in DIR")
+    parser.add_argument("--old", metavar="REV", help="also time the replaced AVX-512-only torch extensions, built from git revision REV")
     args = parser.parse_args()
     global _clock
     _clock = CLOCK[args.clock]
