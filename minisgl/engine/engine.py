@@ -385,11 +385,12 @@ class Engine:
         built = self._build(plan, prev, pad=self.pad_eager)
         sampled = built.sampled
         pooled = None
-        if built.pooled:
+        if self.pooler is not None:  # an embedding model (no LM head): hidden states of the last prompt tokens
             logits, hidden = self.runner.run_pooled(built.batch)
-            assert self.pooler is not None, "embedding requests reach an engine serving embeddings only"
-            pooled = PooledRows(built.pooled, hidden.float().to("cpu", non_blocking=True), self.pooler.normalize)
+            if built.pooled:
+                pooled = PooledRows(built.pooled, hidden.float().to("cpu", non_blocking=True), self.pooler.normalize)
         else:
+            assert not built.pooled, "embedding requests reach an engine serving embeddings only"
             logits = self.forward_logits(built.batch)
         logits = logits[: built.num_logits]
         num_sampled = len(sampled)

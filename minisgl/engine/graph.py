@@ -39,14 +39,13 @@ class EagerRunner:
         return self.model.compute_logits(hidden[batch.sample_idx])
 
     def run_pooled(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits of `batch.sample_idx`, final hidden states of `batch.pool_idx`): a step with
-        embedding requests. Without sampled rows no logits are computed (an embedding model has
+        """(logits of `batch.sample_idx`, final hidden states of `batch.pool_idx`): a step of an
+        embedding model. Without sampled rows no logits are computed (an embedding model has
         no LM head)."""
-        assert batch.pool_idx is not None
         self.backend.prepare(batch)
         with forward_context(batch):
             hidden = self.model(batch.input_ids, batch.positions)
-        pooled = hidden[batch.pool_idx]
+        pooled = hidden[batch.pool_idx] if batch.pool_idx is not None else hidden[:0]
         if batch.sample_idx.numel() == 0:
             return hidden.new_empty((0, 0)), pooled
         return self.model.compute_logits(hidden[batch.sample_idx]), pooled
