@@ -54,7 +54,7 @@ def reference_embeddings(path: Path, prompts: list[list[int]], dimensions: int |
     """transformers' `AutoModel` (fp32): last token's final hidden state, cut, L2-normalized."""
     import transformers as tf
 
-    model = tf.AutoModel.from_pretrained(path, torch_dtype=torch.float32).eval()
+    model = tf.AutoModel.from_pretrained(path, dtype=torch.float32).eval()
     out = []
     with torch.no_grad():
         for ids in prompts:
