@@ -10,15 +10,13 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from minisgl.core import PoolingParams, SamplingParams
 from minisgl.message.tokenizer import Prompt, TextPrompt, TokenizeMsg, TokenPrompt
-
-if TYPE_CHECKING:
-    from minisgl.llm.llm import LLM
+from minisgl.scheduler.scheduler import Scheduler
+from minisgl.tokenizer.worker import RequestTokenizer
 
 # An embedding request samples nothing; its one "token" of room is what the checks count.
 POOLING_SAMPLING = SamplingParams(temperature=0.0, max_tokens=1)
@@ -52,23 +50,25 @@ def floats(embedding: bytes) -> list[float]:
     return values.tolist()
 
 
-def embed_prompts(llm: LLM, prompts: str | list[int] | Sequence[str | list[int]], dimensions: int | None = None,
-                  use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:  # fmt: skip
-    """One `EmbeddingRequestOutput` per prompt (a string, or token ids), in order. A prompt the
-    checks refuse raises ValueError (the server's message) after the queued ones are aborted."""
+def embed_inputs(prompts: str | list[int] | Sequence[str | list[int]]) -> list[Prompt]:
+    """One prompt (a string, or token ids) or many, as the tokenizer stage's prompts."""
     single = isinstance(prompts, str) or (isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], int))
     items = [prompts] if single else list(prompts)
-    wrapped: list[Prompt] = [TextPrompt(p) if isinstance(p, str) else TokenPrompt([int(t) for t in p]) for p in items]
+    return [TextPrompt(p) if isinstance(p, str) else TokenPrompt([int(t) for t in p]) for p in items]  # type: ignore[union-attr]
+
+
+def embed_prompts(scheduler: Scheduler, requests: RequestTokenizer, prompts: list[Prompt], first_rid: int,
+                  dimensions: int | None = None, use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:  # fmt: skip
+    """One `EmbeddingRequestOutput` per prompt, in order (request ids from `first_rid` on). A
+    prompt the checks refuse raises ValueError (the server's message) after the queued ones
+    are aborted."""
     pooling = PoolingParams(dimensions)
-    scheduler = llm.scheduler
     results: dict[int, EmbeddingRequestOutput] = {}
     order: list[int] = []
     try:
-        for prompt in wrapped:
-            rid = llm._next_rid
-            llm._next_rid += 1
+        for rid, prompt in enumerate(prompts, start=first_rid):
             msg = TokenizeMsg(rid, prompt, POOLING_SAMPLING, True, pooling=pooling)
-            ids = llm.requests.tokenize(msg).msg.input_ids
+            ids = requests.tokenize(msg).msg.input_ids
             scheduler.add_request(rid, ids, POOLING_SAMPLING, pooling)
             order.append(rid)
             results[rid] = EmbeddingRequestOutput(str(rid), EmbeddingOutput([]), ids, finished=False)
