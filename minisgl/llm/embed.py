@@ -10,6 +10,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tqdm import tqdm
 
@@ -53,8 +54,8 @@ def floats(embedding: bytes) -> list[float]:
 def embed_inputs(prompts: str | list[int] | Sequence[str | list[int]]) -> list[Prompt]:
     """One prompt (a string, or token ids) or many, as the tokenizer stage's prompts."""
     single = isinstance(prompts, str) or (isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], int))
-    items = [prompts] if single else list(prompts)
-    return [TextPrompt(p) if isinstance(p, str) else TokenPrompt([int(t) for t in p]) for p in items]  # type: ignore[union-attr]
+    items: list[Any] = [prompts] if single else list(prompts)
+    return [TextPrompt(p) if isinstance(p, str) else TokenPrompt([int(t) for t in p]) for p in items]
 
 
 def embed_prompts(scheduler: Scheduler, requests: RequestTokenizer, prompts: list[Prompt], first_rid: int,
