@@ -12,7 +12,7 @@ import base64
 from array import array
 from typing import Any, Literal
 
-from pydantic import field_validator
+from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
 
 from minisgl.message.frontend import EmbeddingOut
 from minisgl.message.tokenizer import Prompt, TextPrompt, TokenPrompt
@@ -24,15 +24,23 @@ EmbeddingInput = str | list[str] | list[int] | list[list[int]]
 
 
 class EmbeddingRequest(_Strict):
-    input: EmbeddingInput
+    input: EmbeddingInput = Field(description=f"A string, a list of strings, a list of token ids, or a list of "
+                                  f"token-id lists (at most {MAX_INPUTS} inputs, none empty).")  # fmt: skip
     model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="'float': JSON numbers; 'base64': the float32 little-endian bytes, base64-encoded.")
+    dimensions: int | None = Field(
+        None, description="A shorter vector (Matryoshka models only): the first values, renormalized.")
     user: str | None = None  # harmless: accepted, no effect
 
-    @field_validator("input")
+    @field_validator("input", mode="wrap")
     @classmethod
-    def _inputs(cls, value: EmbeddingInput) -> EmbeddingInput:
+    def _inputs(cls, raw: Any, handler: ValidatorFunctionWrapHandler) -> EmbeddingInput:
+        try:
+            value: EmbeddingInput = handler(raw)
+        except ValidationError:
+            raise RequestError("'input' must be a string, a list of strings, a list of token ids or a list of "
+                               "token-id lists", "input") from None  # fmt: skip
         items = [value] if isinstance(value, str) else value
         if not items:
             raise RequestError("'input' must not be empty", "input")

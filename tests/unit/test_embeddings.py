@@ -138,3 +138,44 @@ def test_matryoshka_from_config(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     _, pooler = resolve_task("auto", tmp_path, ModelConfig.from_dir(tmp_path))
     assert pooler == PoolerConfig(16, True, True, (4, 8, 16))
+
+
+@pytest.mark.parametrize("raw, param", [
+    (b'{"input": []}', "input"), (b'{"input": true}', "input"), (b'{"input": [1, "a"]}', "input"),
+    (b'{"input": ["a", ""]}', "input"), (b'{"input": [[1], []]}', "input"), (b'{}', "input"),
+    (b'{"input": "a", "encoding_format": "int8"}', "encoding_format"), (b'{"input": "a", "dimensions": 0}', "dimensions"),
+    (b'{"input": "a", "dimensions": 1.5}', "dimensions"), (b'{"input": "a", "pooling": "cls"}', "pooling"),
+])  # fmt: skip
+def test_request_errors_name_the_field(raw: bytes, param: str) -> None:
+    from minisgl.server.embeddings_protocol import EmbeddingRequest
+    from minisgl.server.protocol import RequestError, parse_request
+
+    with pytest.raises(RequestError) as info:
+        parse_request(EmbeddingRequest, raw)
+    assert info.value.param == param and info.value.status == 400
+
+
+def test_request_inputs_and_reply() -> None:
+    import base64
+
+    from minisgl.message.frontend import EmbeddingOut
+    from minisgl.message.tokenizer import TextPrompt, TokenPrompt
+    from minisgl.server.embeddings_protocol import EmbeddingRequest, embedding_response
+    from minisgl.server.protocol import parse_request
+
+    def prompts(raw: bytes) -> list[object]:
+        return parse_request(EmbeddingRequest, raw).prompts()
+
+    assert prompts(b'{"input": "a"}') == [TextPrompt("a")]
+    assert prompts(b'{"input": [3, 4]}') == [TokenPrompt([3, 4])]
+    assert prompts(b'{"input": [[3], [4, 5]]}') == [TokenPrompt([3]), TokenPrompt([4, 5])]
+    assert prompts(b'{"input": ["a", "b"], "user": "u", "model": "m"}') == [TextPrompt("a"), TextPrompt("b")]
+    vec = array("f", [0.6, 0.8]).tobytes()
+    outs = [EmbeddingOut(1, vec, 3, 1), EmbeddingOut(2, vec, 2)]
+    reply = embedding_response(outs, "m", "float")
+    assert reply["object"] == "list" and reply["model"] == "m"
+    assert reply["usage"] == {"prompt_tokens": 5, "total_tokens": 5}
+    assert [d["index"] for d in reply["data"]] == [0, 1] and reply["data"][0]["object"] == "embedding"
+    assert reply["data"][1]["embedding"] == pytest.approx([0.6, 0.8])
+    encoded = embedding_response(outs, "m", "base64")["data"][0]["embedding"]
+    assert base64.b64decode(encoded) == vec
