@@ -120,3 +120,16 @@ def test_matches_sentence_transformers(tmp_path: Path) -> None:
     outs = _llm(tmp_path).embed(texts, use_tqdm=False)
     got = torch.tensor([o.outputs.embedding for o in outs])
     assert (got - expected.float()).abs().max().item() < TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-4), ("bfloat16", 3e-2)])
+def test_cuda_matches_transformers(embedder: Path, dtype: str, tol: float) -> None:
+    """The Triton backend on the GPU (eager: an embedding engine captures no graphs), overlap on."""
+    llm = LLM(str(embedder), device="cuda", dtype=dtype, page_size=16, num_pages=64, max_prefill_tokens=16)
+    assert llm.engine.runner.__class__.__name__ == "EagerRunner"
+    outs = llm.embed(PROMPTS + PROMPTS[:2], use_tqdm=False)  # the repeats hit the prefix cache
+    for out, ref in zip(outs, reference_embeddings(embedder, PROMPTS + PROMPTS[:2])):
+        assert (torch.tensor(out.outputs.embedding) - ref).abs().max().item() < tol
+    llm.scheduler.check_idle_invariants()
