@@ -157,7 +157,7 @@ class Req:
     cache_handle: Any = None  # locked prefix-cache node, or None
     finish_reason: FinishReason | None = None
     arrival: int = 0  # admission order, used to pick the victim when retracting
-    num_pending: int = 0  # output tokens sampled on the device but not yet known on the host
+    num_pending: int = 0  # output tokens (or an embedding) computed on the device, not yet known on the host
     pooling: PoolingParams | None = None  # an embedding request (its output: one vector, no tokens)
 
     @property
