@@ -7,6 +7,8 @@ from minisgl.platform.kernel_config import KernelConfig
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 KVCacheDType = Literal["auto", "fp8_e4m3"]
+# What the engine serves: text generation, or embeddings (models/pooling.py); auto: the checkpoint says.
+EngineTask = Literal["auto", "generate", "embed"]
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,11 @@ class EngineConfig:
     # shapes it has seen before (engine/engine.py: padded_rows). None: the platform's choice (CUDA).
     pad_eager: bool | None = None
     kernels: KernelConfig = field(default_factory=KernelConfig)
+    task: EngineTask = "auto"
 
     def __post_init__(self) -> None:
+        if self.task not in get_args(EngineTask):
+            raise ValueError(f"unknown task {self.task!r}: use one of {', '.join(get_args(EngineTask))}")
         if self.dtype not in get_args(DType):
             raise ValueError(f"unknown dtype {self.dtype!r}: use one of {', '.join(get_args(DType))}")
         if self.kv_cache_dtype not in get_args(KVCacheDType):

@@ -23,11 +23,13 @@ from minisgl.engine.config import EngineConfig
 from minisgl.engine.resolve import resolve
 from minisgl.engine.grammar import GrammarState, bitmask_width
 from minisgl.engine.penalties import PenaltyTracker
+from minisgl.engine.pooling import PooledRows
 from minisgl.engine.sampler import LogitsControls, Sampler, SamplingBatch, TokenLogprobs, token_logprobs
 from minisgl.utils.transfer import StagingRing, upload, upload_many
 from minisgl.kvcache.pool import KV_CACHE_DTYPES, KVPool
 from minisgl.layers.attention import AttentionLayer
 from minisgl.models.config import ModelConfig
+from minisgl.models.pooling import resolve_task
 from minisgl.platform import init_platform
 from minisgl.utils.logging import get_logger
 
@@ -98,6 +100,7 @@ class LaunchedStep:
     logprobs: TokenLogprobs | None = None
     prompt_chunks: list[PromptChunk] = field(default_factory=list)
     prompt_logprobs: TokenLogprobs | None = None  # rows: the chunks' targets, in order
+    pooled: PooledRows | None = None  # embedding requests that completed their prompt, and their vectors
 
     def result(self) -> list[int]:
         if self.event is not None:
@@ -151,6 +154,10 @@ class Engine:
         set_tp_info(TPInfo(config.tp_rank, config.tp_size))
         self.model_dir: Path = resolve_model_dir(config.model)
         self.model_config = ModelConfig.from_dir(self.model_dir)
+        # Embeddings (models/pooling.py): the model runs without its LM head, and never decodes.
+        self.task, self.pooler = resolve_task(config.task, self.model_dir, self.model_config)
+        if self.task == "embed":
+            self.model_config = replace(self.model_config, has_lm_head=False)
         self.dtype = _DTYPES[config.dtype]
         self.context_len = self.model_config.serving_context_len(config.max_model_len)
         if self.context_len < self.model_config.context_len:
@@ -228,24 +235,14 @@ class Engine:
     def _set_kv_scales(self, from_checkpoint: dict[int, tuple[float, float]]) -> None:
         """A float8 pool's per-layer scales: the checkpoint's, else measured (engine/kv_scales.py)
         unless `calculate_kv_scales` is off (then 1.0)."""
+        source = "scales 1.0"
         if from_checkpoint:
             self.pool.set_scales(from_checkpoint)
             source = f"the checkpoint's scales ({len(from_checkpoint)} layers)"
         elif self.config.calculate_kv_scales:
-            from minisgl.engine.kv_scales import CALIBRATION_TOKENS, calibration_request, measure_kv_scales
+            from minisgl.engine.kv_scales import calibrate
 
-            ps = self.pool.page_size
-            n = min(CALIBRATION_TOKENS, self.context_len, self.pool.num_pages * ps)
-            req, slots = calibration_request(self.model_config.vocab_size, n, ps)
-            batch, _ = self.build_batch(StepPlan([req], slots))
-            mc = self.model_config
-            scales = measure_kv_scales(self.model, self.pool, batch, self.attn_shape[0], mc.head_dim,
-                                       mc.softmax_scale, self.attn_backend)  # fmt: skip
-            self.token_table[0].zero_()
-            self.pool.set_scales(scales)
-            source = f"scales measured on a {n}-token calibration prefill"
-        else:
-            source = "scales 1.0"
+            source = calibrate(self, lambda req, slots: self.build_batch(StepPlan([req], slots))[0])
         logger.info("KV cache in %s with %s", self.config.kv_cache_dtype, source)
 
     # ----------------------------------------------------------------------------------------
@@ -280,7 +277,7 @@ class Engine:
 
         max_bs = min(self.config.cuda_graph_max_bs, self.config.max_running_requests)
         graphs_ok = type(self.attn_backend).init_graph_state is not BaseAttnBackend.init_graph_state
-        if self.platform.supports_graphs and max_bs > 0 and graphs_ok:
+        if self.platform.supports_graphs and max_bs > 0 and graphs_ok and self.task == "generate":
             return GraphRunner(
                 self.model, self.attn_backend, self.token_table, max_bs,
                 self.scratch_row, self.pool.scratch_slot, self.device,
@@ -308,6 +305,8 @@ class Engine:
         rows_per_token: list[int] = []
         rows, seq_lens, ext_lens, starts, sample_idx = [], [], [], [], []
         sampled: list[Req] = []
+        pool_idx: list[int] = []
+        pooled: list[Req] = []
         prompt_chunks: list[PromptChunk] = []
         prompt_idx: list[int] = []
         prompt_targets: list[int] = []
@@ -335,11 +334,15 @@ class Engine:
             seq_lens.append(end)
             ext_lens.append(ext)
             if end == prompt_len + len(req.output_ids):
-                sample_idx.append(len(input_ids) - 1)
-                sampled.append(req)
+                if req.pooling is None:
+                    sample_idx.append(len(input_ids) - 1)
+                    sampled.append(req)
+                else:  # an embedding request's last prompt token: its hidden state, no sampling
+                    pool_idx.append(len(input_ids) - 1)
+                    pooled.append(req)
         assert len(plan.out_loc) == len(input_ids)
         # Decode (the graph path) only when every token is a request's sampled token, in order.
-        decode = len(input_ids) == len(ext_lens) == len(sample_idx) and not prompt_idx
+        decode = len(input_ids) == len(ext_lens) == len(sample_idx) and not prompt_idx and not pool_idx
         out_loc_list = plan.out_loc
         logits_idx = sample_idx + prompt_idx
         num_logits = len(logits_idx)
@@ -385,8 +388,9 @@ class Engine:
             seq_lens_cpu=seq_lens,
             extend_lens_cpu=ext_lens,
             sample_idx=sample_t,
+            pool_idx=upload(pool_idx, torch.int64, self.device) if pool_idx else None,
         )
-        return _Built(batch, sampled, prompt_chunks, targets_t, num_logits)
+        return _Built(batch, sampled, prompt_chunks, targets_t, num_logits, pooled)
 
     @torch.inference_mode()
     def forward_logits(self, batch: ForwardBatch) -> torch.Tensor:
@@ -402,7 +406,15 @@ class Engine:
             self.penalties.release(plan.released_rids)
         built = self._build(plan, prev, pad=self.pad_eager)
         sampled = built.sampled
-        logits = self.forward_logits(built.batch)[: built.num_logits]
+        pooled = None
+        if self.pooler is not None:  # an embedding model (no LM head): hidden states of the last prompt tokens
+            logits, hidden = self.runner.run_pooled(built.batch)
+            if built.pooled:
+                pooled = PooledRows(built.pooled, hidden.float().to("cpu", non_blocking=True), self.pooler.normalize)
+        else:
+            assert not built.pooled, "embedding requests reach an engine serving embeddings only"
+            logits = self.forward_logits(built.batch)
+        logits = logits[: built.num_logits]
         num_sampled = len(sampled)
         prompt_lp = None
         if built.prompt_chunks:
@@ -410,7 +422,7 @@ class Engine:
             prompt_lp = _host_copy(_chunked_logprobs(logits[num_sampled:], built.prompt_targets, top_k))
         if not sampled and prompt_lp is None:
             empty = torch.empty(0, dtype=torch.int64, device=self.device)
-            return LaunchedStep([], empty, empty.cpu(), None)
+            return LaunchedStep([], empty, empty.cpu(), self._record(pooled) if pooled else None, pooled=pooled)
         logits = logits[:num_sampled]
         params = [req.sampling for req in sampled]
         output_lens = [req.output_len for req in sampled]
@@ -428,10 +440,18 @@ class Engine:
             token_lp = _host_copy(token_logprobs(logits[index], tokens[index], top_k))
         host = self._token_staging.take(tokens.numel())
         host.copy_(tokens, non_blocking=True)
+        event = self._record(pooled)
+        return LaunchedStep(sampled, tokens, host, event, logprob_rows, token_lp, built.prompt_chunks, prompt_lp,
+                            pooled)  # fmt: skip
+
+    def _record(self, pooled: PooledRows | None) -> Any:
+        """Record this step's event (its host copies are valid once it completes)."""
         event = self._events[self._step_parity]
         self._step_parity ^= 1
         event.record()
-        return LaunchedStep(sampled, tokens, host, event, logprob_rows, token_lp, built.prompt_chunks, prompt_lp)
+        if pooled is not None:
+            pooled.event = event
+        return event
 
     def _controls(
         self, sampled: list[Req], params: list[SamplingParams], output_lens: list[int], grammars: dict[int, GrammarState]
@@ -468,6 +488,7 @@ class _Built(NamedTuple):
     prompt_chunks: list[PromptChunk]
     prompt_targets: torch.Tensor  # [sum of chunk counts] int64 on the device
     num_logits: int  # logits rows before padding: the sampled tokens, then the prompt-logprob rows
+    pooled: list[Req]  # embedding requests whose last prompt token is in this step (`batch.pool_idx`)
 
 
 def _chunked_logprobs(logits: torch.Tensor, targets: torch.Tensor, top_k: int, rows: int = 1024) -> TokenLogprobs:

@@ -15,6 +15,8 @@ are reproducible and no request's content decides another's numerics.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 from torch import nn
 
@@ -67,3 +69,17 @@ def measure_kv_scales(
         layer: (max(k, tiny) * HEADROOM / FP8_MAX, max(v, tiny) * HEADROOM / FP8_MAX)
         for layer, (k, v) in observed.items()
     }
+
+
+def calibrate(engine: Any, build_batch: Callable[[Req, list[int]], ForwardBatch]) -> str:
+    """Measure and set the engine's float8 pool scales (engine.Engine._set_kv_scales; `build_batch`
+    makes the engine's batch of one request and its slots). Returns what the log says."""
+    pool, mc = engine.pool, engine.model_config
+    n = min(CALIBRATION_TOKENS, engine.context_len, pool.num_pages * pool.page_size)
+    req, slots = calibration_request(mc.vocab_size, n, pool.page_size)
+    batch = build_batch(req, slots)
+    num_heads = engine.attn_shape[0]
+    pool.set_scales(measure_kv_scales(engine.model, pool, batch, num_heads, mc.head_dim, mc.softmax_scale,
+                                      engine.attn_backend))  # fmt: skip
+    engine.token_table[0].zero_()
+    return f"scales measured on a {n}-token calibration prefill"

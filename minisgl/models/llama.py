@@ -207,9 +207,12 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.tp = get_tp_info()
         self.model = self.make_model(config, [self.make_layer(config, i) for i in range(config.num_layers)])
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        # None without an LM head (an embedding model: `forward`'s hidden states are its output).
+        self.lm_head: ParallelLMHead | None = None
+        if config.has_lm_head:
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+            if config.tie_word_embeddings:
+                self.lm_head.weight = self.model.embed_tokens.weight
 
     def make_layer(self, config: ModelConfig, layer_id: int) -> nn.Module:
         return DecoderLayer(config, layer_id)
@@ -237,6 +240,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the vocabulary; divided by Granite's `logits_scaling`, soft-capped by
         Gemma 2's `final_logit_softcap` (cap * tanh(logits / cap))."""
+        assert self.lm_head is not None, "a model without an LM head computes no logits"
         logits = self.lm_head.logits(hidden)
         if self.config.logits_scaling != 1.0:
             logits = logits / self.config.logits_scaling

@@ -77,6 +77,10 @@ def _takes_lazy(param: nn.Parameter) -> bool:
     return isinstance(owner, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, ExpertGateUp, ExpertDown))
 
 
+# What a decoder saved as its base model (`*Model`, no LM head) names its tensors with.
+_BARE_PREFIXES = ("embed_tokens.", "layers.", "norm.")
+
+
 def _target(model: nn.Module, name: str) -> tuple[str, str | int | None] | None:
     """Map a checkpoint name to (parameter name, fused part) or None to skip it. A model may
     rename or skip checkpoint tensors first (`checkpoint_name`: Gemma 3's multimodal layout)."""
@@ -90,6 +94,10 @@ def _target(model: nn.Module, name: str) -> tuple[str, str | int | None] | None:
         return None
     if name == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False):
         return None
+    if name.startswith("lm_head.") and getattr(model, "lm_head", True) is None:
+        return None  # served without its LM head (embeddings)
+    if name.startswith(_BARE_PREFIXES) and hasattr(model, "model"):
+        name = "model." + name  # a base model's checkpoint (`Qwen3Model`): no `model.` prefix
     stacked: dict[str, tuple[str, str | int]] = getattr(model, "stacked_params", {})
     for ckpt_part, (fused, part) in stacked.items():
         token = f".{ckpt_part}."

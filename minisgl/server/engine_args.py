@@ -13,7 +13,7 @@ import math
 from dataclasses import fields
 from typing import Any, Callable, NamedTuple, get_args
 
-from minisgl.engine.config import DType, EngineConfig, KVCacheDType
+from minisgl.engine.config import DType, EngineConfig, EngineTask, KVCacheDType
 from minisgl.platform.kernel_config import KernelConfig
 from minisgl.scheduler.config import SchedulerConfig
 
@@ -90,6 +90,9 @@ def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -
     m.add_argument("--dummy-weights", action="store_true", help="random weights (benchmarks without a checkpoint)")
     m.add_argument("--max-model-len", type=positive_int, default=None, help="cap on the context length")
     m.add_argument("--seed", type=int, default=defaults.seed, help="random seed of the engine (default: 0)")
+    m.add_argument("--task", default=defaults.task, choices=list(EngineTask.__args__),  # type: ignore[attr-defined]
+                   help="generate (text) or embed (/v1/embeddings: last-token pooling); default: auto = embed "
+                   "for a checkpoint with sentence-transformers pooling or without an LM head (Qwen3Model)")  # fmt: skip
     d = parser.add_argument_group("device and parallelism")
     d.add_argument("--device", type=device, default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     d.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size: one scheduler per rank")
@@ -149,6 +152,7 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         attn=args.attn, tp_size=args.tp, cuda_graph_max_bs=args.cuda_graph_max_bs,
         max_running_requests=args.max_running_requests, max_model_len=args.max_model_len, seed=args.seed,
         pad_eager=args.pad_eager, kernels=KernelConfig(**{name: getattr(args, name) for name in KERNEL_SWITCHES}),
+        task=args.task,
     )  # fmt: skip
     return EngineConfig(**{**values, **overrides})
 
