@@ -7,7 +7,7 @@ inside `forward_context`, and samples the next token of every request that compl
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
