@@ -26,6 +26,7 @@ from minisgl.server.chat_protocol import ChatCompletionRequest
 from minisgl.server.choice import ChoiceOptions
 from minisgl.server.frontend import FrontendManager
 from minisgl.server.openapi import body, install_docs
+from minisgl.server.page import add_page_routes
 from minisgl.server.protocol import CompletionRequest, GenerateRequest, RequestError, parse_request
 from minisgl.server.request_msgs import chat_msgs, chat_options, completion_msgs
 from minisgl.server.responses import ResponseBuilder, error_response
@@ -157,6 +158,7 @@ def create_app(state: AppState) -> FastAPI:
 
     add_utility_routes(app, state)
     add_anthropic_routes(app, state)
+    add_page_routes(app)  # GET /: the chat page (page.py)
     install_docs(app, [ChatCompletionRequest, CompletionRequest, GenerateRequest, TokenizeRequest, DetokenizeRequest,
                        MessagesRequest, CountTokensRequest])
     return app
