@@ -34,8 +34,8 @@
     return text.replace(/\u0000(\d+)\u0000/g, (_, i) => held[Number(i)]);
   }
 
-  const FENCE = /^\s*(```|~~~)\s*([\w+.#-]*)\s*$/;
-  const HEADING = /^(#{1,6})\s+(.*?)\s*#*\s*$/;
+  const FENCE = /^\s*(```|~~~)(.*)$/;  // plus a language word or nothing: see fence()
+  const HEADING = /^(#{1,6})\s+(.*)$/;
   const RULE = /^\s*([-*_])(\s*\1){2,}\s*$/;
   const BULLET = /^\s*[-*+]\s+(.*)$/;
   const NUMBERED = /^\s*(\d{1,9})[.)]\s+(.*)$/;
@@ -48,16 +48,16 @@
     while (i < lines.length) {
       const line = lines[i];
       let m;
-      if ((m = FENCE.exec(line))) {  // an unclosed fence (still streaming) runs to the end
+      if ((m = fence(line))) {  // an unclosed fence (still streaming) runs to the end
         const body = [];
-        for (i++; i < lines.length && !(lines[i].trim().startsWith(m[1]) && FENCE.test(lines[i])); i++) body.push(lines[i]);
+        for (i++; i < lines.length && !(fence(lines[i]) && fence(lines[i])[1] === m[1]); i++) body.push(lines[i]);
         i++;
         const lang = m[2] ? ` class="language-${m[2]}"` : "";
         out.push(`<pre><code${lang}>${body.join("\n")}</code></pre>`);
       } else if (!line.trim()) {
         i++;
       } else if ((m = HEADING.exec(line))) {
-        out.push(`<h${m[1].length}>${inline(m[2])}</h${m[1].length}>`);
+        out.push(`<h${m[1].length}>${inline(headingText(m[2]))}</h${m[1].length}>`);
         i++;
       } else if (RULE.test(line)) {
         out.push("<hr>");
@@ -84,8 +84,25 @@
     return out.join("\n");
   }
 
+  // [line, marker, language] of a code fence line, or null. Kept apart from the regex so that no
+  // pattern has two runs of spaces to trade between (a long line must stay linear).
+  function fence(line) {
+    const m = FENCE.exec(line);
+    if (!m) return null;
+    const info = m[2].trim();
+    return /^[\w+.#-]*$/.test(info) ? [line, m[1], info] : null;
+  }
+
+  // "## Title ##" -> "Title", without a backtracking regex (a long line of spaces must stay cheap).
+  function headingText(text) {
+    text = text.trimEnd();
+    let end = text.length;
+    while (end > 0 && text[end - 1] === "#") end--;
+    return end === 0 || /\s/.test(text[end - 1]) ? text.slice(0, end).trimEnd() : text;
+  }
+
   function startsBlock(line) {
-    return [FENCE, HEADING, RULE, BULLET, NUMBERED, QUOTE].some((re) => re.test(line));
+    return fence(line) !== null || [HEADING, RULE, BULLET, NUMBERED, QUOTE].some((re) => re.test(line));
   }
 
   root.renderMarkdown = render;
