@@ -28,6 +28,7 @@ from minisgl.server.embeddings_api import add_embedding_routes
 from minisgl.server.embeddings_protocol import EmbeddingRequest
 from minisgl.server.frontend import FrontendManager
 from minisgl.server.openapi import body, install_docs
+from minisgl.server.page import add_page_routes
 from minisgl.server.protocol import CompletionRequest, GenerateRequest, RequestError, parse_request
 from minisgl.server.request_msgs import chat_msgs, chat_options, completion_msgs
 from minisgl.server.responses import ResponseBuilder, error_response
@@ -160,6 +161,7 @@ def create_app(state: AppState) -> FastAPI:
     add_utility_routes(app, state)
     add_anthropic_routes(app, state)
     add_embedding_routes(app, state)
+    add_page_routes(app)  # GET /: the chat page (page.py)
     install_docs(app, [ChatCompletionRequest, CompletionRequest, GenerateRequest, TokenizeRequest, DetokenizeRequest,
                        MessagesRequest, CountTokensRequest, EmbeddingRequest])
     return app
