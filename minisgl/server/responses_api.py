@@ -137,7 +137,7 @@ class ResponseObjectBuilder:
         else:
             part = item["content"][0]
             kind = "response.reasoning_text.done" if item["type"] == "reasoning" else "response.output_text.done"
-            extra = {} if item["type"] == "reasoning" else {"logprobs": []}
+            extra: dict[str, Any] = {} if item["type"] == "reasoning" else {"logprobs": []}
             out.append(self._emit(kind, {**where, "content_index": 0, "text": part["text"], **extra}))
             out.append(self._emit("response.content_part.done", {**where, "content_index": 0, "part": dict(part)}))
         out.append(self._emit("response.output_item.done",

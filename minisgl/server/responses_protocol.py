@@ -18,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from minisgl.server.chat_protocol import ChatCompletionRequest
 from minisgl.server.protocol import RequestError, _Strict, parse_request
@@ -135,28 +135,34 @@ def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": spec}
 
 
+def _doc(text: str) -> Any:
+    return Field(default=None, description=text)
+
+
 class ResponsesRequest(_Strict):
     model: str | None = None
-    input: str | list[Any]
-    instructions: str | None = None
-    tools: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    input: str | list[Any] = Field(description="A string (one user message) or a list of items: messages "
+                                   "(role, content), function_call and function_call_output items.")  # fmt: skip
+    instructions: str | None = _doc("A system message before the input (not carried by previous_response_id).")
+    tools: list[Any] | None = _doc("Function tools: {'type': 'function', 'name', 'description', 'parameters'}.")
+    tool_choice: str | dict[str, Any] | None = _doc("'none', 'auto', 'required' or {'type': 'function', 'name'}.")
     parallel_tool_calls: bool | None = None
-    text: dict[str, Any] | None = None
-    max_output_tokens: int | None = None
+    text: dict[str, Any] | None = _doc("{'format': {'type': 'text' | 'json_object' | 'json_schema', ...}}: "
+                                       "structured output.")  # fmt: skip
+    max_output_tokens: int | None = _doc("The most tokens the reply may have (thinking included).")
     temperature: float | None = None
     top_p: float | None = None
     stream: bool = False
-    store: bool = True
-    previous_response_id: str | None = None
-    reasoning: dict[str, Any] | None = None
+    store: bool = Field(default=True, description="Keep the response for GET and previous_response_id.")
+    previous_response_id: str | None = _doc("A stored response whose conversation comes before this input.")
+    reasoning: dict[str, Any] | None = _doc("{'effort': ...}: handed to the chat template as reasoning_effort.")
     # Harmless: accepted, no effect on the output.
     metadata: dict[str, str] | None = None
     user: str | None = None
     service_tier: str | None = None
-    truncation: Literal["disabled", "auto"] | None = None
-    include: list[str] | None = None
-    background: Literal[False] | None = None
+    truncation: Literal["disabled", "auto"] | None = _doc("Accepted; a prompt too long for the context is a 400.")
+    include: list[str] | None = _doc("Accepted, no effect.")
+    background: Literal[False] | None = _doc("Only false: background responses are not supported.")
 
     @field_validator("input")
     @classmethod
