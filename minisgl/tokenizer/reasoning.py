@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 from typing import ClassVar, NamedTuple
 
+from minisgl.message.tokenizer import ChatPrompt, DetokFacts, Prompt
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
@@ -238,3 +240,13 @@ def reasoning_parser_class(name: str) -> type[BaseReasoningParser]:
 
 def make_reasoning_parser(name: str, in_reasoning: bool) -> BaseReasoningParser:
     return reasoning_parser_class(name)(in_reasoning)
+
+
+def mark_reasoning(facts: DetokFacts, parser: str | None, prompt: Prompt, prompt_text: str | None) -> None:
+    """The tokenizer stage's part: a chat request of a server with a reasoning parser gets it on its
+    facts, with where its reply starts (from the rendered prompt and `enable_thinking`)."""
+    if parser is None or not isinstance(prompt, ChatPrompt) or prompt_text is None:
+        return
+    facts.reasoning_parser = parser
+    thinking = not thinking_disabled(prompt.template_kwargs)
+    facts.in_reasoning = reasoning_parser_class(parser).starts_in_reasoning(prompt_text, thinking)

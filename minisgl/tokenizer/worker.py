@@ -33,7 +33,7 @@ from minisgl.message.tokenizer import (
 )
 from minisgl.tokenizer.chat import ChatRenderer, ChatTemplateError
 from minisgl.tokenizer.incremental import PROMPT_TAIL
-from minisgl.tokenizer.reasoning import reasoning_parser_class, thinking_disabled
+from minisgl.tokenizer.reasoning import mark_reasoning, reasoning_parser_class
 from minisgl.tokenizer.router import ReplicaRouter
 from minisgl.utils.logging import get_logger
 from minisgl.utils.process import ReadyReporter
@@ -96,10 +96,7 @@ class RequestTokenizer:
             msg.rid, ids[-PROMPT_TAIL:], list(msg.stop), stop_token_ids=list(sampling.stop_token_ids),
             include_stop=msg.include_stop, min_tokens=sampling.min_tokens, echo_ids=ids if msg.echo else [],
         )  # fmt: skip
-        if self.reasoning_parser is not None and isinstance(msg.prompt, ChatPrompt) and text is not None:
-            thinking = not thinking_disabled(msg.prompt.template_kwargs)
-            facts.reasoning_parser = self.reasoning_parser
-            facts.in_reasoning = reasoning_parser_class(self.reasoning_parser).starts_in_reasoning(text, thinking)
+        mark_reasoning(facts, self.reasoning_parser, msg.prompt, text)
         return Tokenized(TokenizedMsg(msg.rid, ids, sampling, msg.max_tokens_explicit, facts), text)
 
     def query(self, msg: TokenizeQueryMsg | DetokenizeQueryMsg) -> QueryReply:
