@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from typing import ClassVar, NamedTuple
 
+from minisgl.core import SamplingParams
 from minisgl.message.tokenizer import ChatPrompt, DetokFacts, Prompt
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -242,10 +243,14 @@ def make_reasoning_parser(name: str, in_reasoning: bool) -> BaseReasoningParser:
     return reasoning_parser_class(name)(in_reasoning)
 
 
-def mark_reasoning(facts: DetokFacts, parser: str | None, prompt: Prompt, prompt_text: str | None) -> None:
+def mark_reasoning(facts: DetokFacts, parser: str | None, prompt: Prompt, prompt_text: str | None,
+                   sampling: SamplingParams) -> None:  # fmt: skip
     """The tokenizer stage's part: a chat request of a server with a reasoning parser gets it on its
-    facts, with where its reply starts (from the rendered prompt and `enable_thinking`)."""
-    if parser is None or not isinstance(prompt, ChatPrompt) or prompt_text is None:
+    facts, with where its reply starts (from the rendered prompt and `enable_thinking`). A reply
+    constrained by a grammar (json_schema, json_object, regex, a forced tool call) is the answer
+    from its first token: it is not split."""
+    constrained = sampling.json_schema is not None or sampling.json_object or sampling.regex is not None
+    if parser is None or not isinstance(prompt, ChatPrompt) or prompt_text is None or constrained:
         return
     facts.reasoning_parser = parser
     thinking = not thinking_disabled(prompt.template_kwargs)

@@ -96,7 +96,7 @@ class RequestTokenizer:
             msg.rid, ids[-PROMPT_TAIL:], list(msg.stop), stop_token_ids=list(sampling.stop_token_ids),
             include_stop=msg.include_stop, min_tokens=sampling.min_tokens, echo_ids=ids if msg.echo else [],
         )  # fmt: skip
-        mark_reasoning(facts, self.reasoning_parser, msg.prompt, text)
+        mark_reasoning(facts, self.reasoning_parser, msg.prompt, text, sampling)
         return Tokenized(TokenizedMsg(msg.rid, ids, sampling, msg.max_tokens_explicit, facts), text)
 
     def query(self, msg: TokenizeQueryMsg | DetokenizeQueryMsg) -> QueryReply:

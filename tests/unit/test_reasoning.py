@@ -225,6 +225,12 @@ def test_request_tokenizer_says_where_the_reply_starts(kwargs, opened):
 
     plain = worker.tokenize(TokenizeMsg(4, TextPrompt("hi"))).msg.facts  # completions: no split
     assert plain is not None and plain.reasoning_parser is None
+    from minisgl.core import SamplingParams
+
+    # A grammar-constrained reply (json_schema, forced tool call) is the answer from its first token.
+    json_msg = TokenizeMsg(5, msg.prompt, SamplingParams(json_schema='{"type": "object"}'))
+    constrained = worker.tokenize(json_msg).msg.facts
+    assert constrained is not None and constrained.reasoning_parser is None
     with pytest.raises(ValueError, match="unknown reasoning parser"):
         RequestTokenizer(_Tok(), 4096, 50, "bogus")
 
