@@ -9,6 +9,7 @@ model serves with `--reasoning-parser deepseek_r1`, whose replies start as think
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,15 @@ def test_stop_string_at_the_closing_tag_leaks_no_tag(client, case):
     choice = r.choices[0]
     assert choice.finish_reason == "stop" and choice.message.reasoning_content == reasoning.rstrip("\n")
     assert not choice.message.content
+
+
+def test_constrained_reply_is_not_split(client, case):
+    # The grammar holds from the first token: the reply is the answer even though the prompt opened <think>.
+    r = client.chat.completions.create(model="m", messages=case[0], max_tokens=MAX, temperature=0,
+                                       extra_body={"regex": "w1[0-9]"})  # fmt: skip
+    message = r.choices[0].message
+    assert getattr(message, "reasoning_content", None) is None
+    assert message.content is not None and re.fullmatch("w1[0-9]", message.content.strip())
 
 
 def test_anthropic_thinking_blocks(server, case):
