@@ -25,6 +25,7 @@ from minisgl.scheduler.config import SchedulerConfig
 from minisgl.scheduler.process import build_scheduler
 from minisgl.tokenizer.detokenizer import make_decoders
 from minisgl.tokenizer.incremental import IncrementalDetokenizer
+from minisgl.tokenizer.reasoning import reasoning_parser_class
 from minisgl.tokenizer.worker import RequestTokenizer, load_hf_tokenizer
 
 PromptInput = str | list[int]
@@ -87,12 +88,17 @@ def _no_token_text(token_id: int) -> tuple[str, bytes]:
 class LLM:
     """`LLM(model=None, **config)`: every `EngineConfig` / `SchedulerConfig` field is a keyword
     (`device`, `dtype`, `page_size`, `num_pages`, `max_running_requests`, `cache`, ...);
-    `engine_config=` / `scheduler_config=` give whole configs that the keywords then override."""
+    `engine_config=` / `scheduler_config=` give whole configs that the keywords then override.
+    `reasoning_parser` (qwen3, deepseek_r1, gpt_oss): `chat` outputs carry the thinking in
+    `reasoning_content`, apart from `text` (docs/reasoning.md)."""
 
     def __init__(
         self, model: str | None = None, *, engine_config: EngineConfig | None = None,
-        scheduler_config: SchedulerConfig | None = None, **kwargs: Any,
+        scheduler_config: SchedulerConfig | None = None, reasoning_parser: str | None = None, **kwargs: Any,
     ) -> None:  # fmt: skip
+        if reasoning_parser is not None:
+            reasoning_parser_class(reasoning_parser)  # an unknown name: ValueError before the model loads
+        self.reasoning_parser = reasoning_parser
         engine_cfg, sched_cfg = split_config(model, kwargs, engine_config, scheduler_config)
         self.engine, self.scheduler = build_scheduler(engine_cfg, sched_cfg)
         self._tokenizer: Any = None
@@ -120,7 +126,7 @@ class LLM:
         """The tokenizer stage's request logic (the same class the tokenizer process runs)."""
         if self._requests is None:
             self._requests = RequestTokenizer(self.tokenizer, self.scheduler.context_len,
-                                              self.engine.model_config.vocab_size)  # fmt: skip
+                                              self.engine.model_config.vocab_size, self.reasoning_parser)  # fmt: skip
         return self._requests
 
     def encode(self, prompt: PromptInput) -> list[int]:

@@ -39,7 +39,8 @@ class TextDelta:
 
     `stop_reason`: what ended a "stop" finish: the stop string, or the stop token id (None: EOS).
     `logprobs`: one entry per id of `token_ids` (requests that asked). `prompt_text` and
-    `prompt_logprobs` come once, on the first delta of an `echo` request."""
+    `prompt_logprobs` come once, on the first delta of an `echo` request. `reasoning`: new thinking
+    text, apart from the answer in `text` (requests with a reasoning parser)."""
 
     rid: int
     text: str
@@ -52,6 +53,7 @@ class TextDelta:
     logprobs: list[TokenLogprob] | None = None
     prompt_text: str | None = None
     prompt_logprobs: list[TokenLogprob] | None = None
+    reasoning: str = ""
 
 
 @wire(tag=61)

@@ -119,7 +119,10 @@ class DetokFacts:
     unless `include_stop`); they are looked for once `min_tokens` tokens exist. `stop_token_ids`:
     a request ended by one of them reports it as its stop reason, and its text is dropped unless
     `include_stop`. `echo_ids`: the whole prompt, when its text goes back to the client.
-    `replica`: the `--dp` replica holding the request, where a stop string's abort goes."""
+    `replica`: the `--dp` replica holding the request, where a stop string's abort goes.
+    `reasoning_parser`: the reasoning parser splitting the reply (tokenizer/reasoning.py; chat
+    requests of a server with `--reasoning-parser`), `in_reasoning`: the reply starts inside the
+    thinking (the prompt opened it)."""
 
     rid: int
     prompt_tail_ids: list[int] = field(default_factory=list)
@@ -129,6 +132,8 @@ class DetokFacts:
     min_tokens: int = 0
     echo_ids: list[int] = field(default_factory=list)
     replica: int = 0
+    reasoning_parser: str | None = None
+    in_reasoning: bool = False
 
 
 @wire(tag=45)

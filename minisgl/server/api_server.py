@@ -32,6 +32,8 @@ from minisgl.server.page import add_page_routes
 from minisgl.server.protocol import CompletionRequest, GenerateRequest, RequestError, parse_request
 from minisgl.server.request_msgs import chat_msgs, chat_options, completion_msgs
 from minisgl.server.responses import ResponseBuilder, error_response
+from minisgl.server.responses_api import add_responses_routes
+from minisgl.server.responses_protocol import ResponsesRequest
 from minisgl.server.session import Session, respond, respond_native
 from minisgl.server.state import AppState
 from minisgl.server.utility_routes import DetokenizeRequest, TokenizeRequest, add_utility_routes
@@ -161,9 +163,10 @@ def create_app(state: AppState) -> FastAPI:
     add_utility_routes(app, state)
     add_anthropic_routes(app, state)
     add_embedding_routes(app, state)
+    add_responses_routes(app, state)
     add_page_routes(app)  # GET /: the chat page (page.py)
     install_docs(app, [ChatCompletionRequest, CompletionRequest, GenerateRequest, TokenizeRequest, DetokenizeRequest,
-                       MessagesRequest, CountTokensRequest, EmbeddingRequest])
+                       MessagesRequest, CountTokensRequest, EmbeddingRequest, ResponsesRequest])
     return app
 
 

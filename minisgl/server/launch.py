@@ -200,7 +200,8 @@ def _serve(config: ServerConfig, procs: ServiceProcesses, sock: socket.socket, s
     from minisgl.server.api_server import AppState, create_app
 
     state = AppState(procs.frontend_addrs, served, context_len, procs.health, started=int(time.time()),
-                     api_key=config.api_key, cors_origins=list(config.cors_origins))  # fmt: skip
+                     api_key=config.api_key, cors_origins=list(config.cors_origins),
+                     reasoning_parser=config.reasoning_parser, max_stored_responses=config.max_stored_responses)  # fmt: skip
     # Admission control (server/admission.py): in-flight bound, deadline, drain on SIGTERM.
     queued = config.max_queued_requests
     limit = None if queued is None else config.sched.max_running_requests + queued

@@ -73,7 +73,7 @@ class ServiceProcesses:
         if config.parallel.is_head:
             tok = TokenizerAddrs(recv=a["tokenizer"], schedulers=heads, frontend=a["frontend"])
             self._specs.append(("tokenizer", run_tokenizer, dict(model_dir=model_dir, context_len=context_len,
-                                                                 addrs=tok)))  # fmt: skip
+                                                                 addrs=tok, reasoning_parser=config.reasoning_parser)))  # fmt: skip
             # Stop-string aborts go straight to rank 0 of the request's replica.
             detok = DetokenizerAddrs(recv=a["detokenizer"], schedulers=heads, frontend=a["frontend"])
             self._specs.append(("detokenizer", run_detokenizer, dict(model_dir=model_dir, addrs=detok)))

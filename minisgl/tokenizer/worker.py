@@ -33,6 +33,7 @@ from minisgl.message.tokenizer import (
 )
 from minisgl.tokenizer.chat import ChatRenderer, ChatTemplateError
 from minisgl.tokenizer.incremental import PROMPT_TAIL
+from minisgl.tokenizer.reasoning import mark_reasoning, reasoning_parser_class
 from minisgl.tokenizer.router import ReplicaRouter
 from minisgl.utils.logging import get_logger
 from minisgl.utils.process import ReadyReporter
@@ -70,11 +71,14 @@ def load_hf_tokenizer(model_dir: str) -> Any:
 class RequestTokenizer:
     """Turns a `TokenizeMsg` into the scheduler's request, or into an error for the client."""
 
-    def __init__(self, tokenizer: Any, context_len: int, vocab_size: int) -> None:
+    def __init__(self, tokenizer: Any, context_len: int, vocab_size: int, reasoning_parser: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.context_len = context_len
         self.vocab_size = vocab_size
         self.chat = ChatRenderer(tokenizer)
+        self.reasoning_parser = reasoning_parser
+        if reasoning_parser is not None:
+            reasoning_parser_class(reasoning_parser)  # an unknown name fails at start-up
 
     def handle(self, msg: TokenizeMsg) -> TokenizedMsg | ErrorMsg:
         try:
@@ -92,6 +96,7 @@ class RequestTokenizer:
             msg.rid, ids[-PROMPT_TAIL:], list(msg.stop), stop_token_ids=list(sampling.stop_token_ids),
             include_stop=msg.include_stop, min_tokens=sampling.min_tokens, echo_ids=ids if msg.echo else [],
         )  # fmt: skip
+        mark_reasoning(facts, self.reasoning_parser, msg.prompt, text, sampling)
         return Tokenized(TokenizedMsg(msg.rid, ids, sampling, msg.max_tokens_explicit, facts, msg.pooling), text)
 
     def query(self, msg: TokenizeQueryMsg | DetokenizeQueryMsg) -> QueryReply:
@@ -172,7 +177,8 @@ class RequestTokenizer:
         return msg.sampling
 
 
-def run_tokenizer(model_dir: str, context_len: int, addrs: TokenizerAddrs, ready: ReadyReporter) -> None:
+def run_tokenizer(model_dir: str, context_len: int, addrs: TokenizerAddrs, ready: ReadyReporter,
+                  reasoning_parser: str | None = None) -> None:  # fmt: skip
     """Process entry point."""
     recv: ZmqPullQueue[object] = ZmqPullQueue(addrs.recv, WIRE)
     to_scheds: list[ZmqPushQueue[object]] = [ZmqPushQueue(addr, WIRE) for addr in addrs.schedulers]
@@ -180,7 +186,7 @@ def run_tokenizer(model_dir: str, context_len: int, addrs: TokenizerAddrs, ready
     to_front: ZmqPushQueue[object] = ZmqPushQueue(addrs.frontend, WIRE)
     tokenizer = load_hf_tokenizer(model_dir)
     vocab = _vocab_size(model_dir, tokenizer)
-    worker = RequestTokenizer(tokenizer, context_len, vocab)
+    worker = RequestTokenizer(tokenizer, context_len, vocab, reasoning_parser)
     ready.ready()
     while True:
         msg = recv.get()
