@@ -140,7 +140,7 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         from minisgl.models.loader import init_dummy_weights, load_weights
         from minisgl.models.registry import build_model
-        from minisgl.models.source import resolve_model_dir
+        from minisgl.models.source import gguf_file, resolve_model_dir
 
         self.platform = init_platform(config.device)
         # Every `auto` choice made once; the layers built below read the kernel choices.
@@ -149,7 +149,8 @@ class Engine:
         self.platform.set_device()
         self.device = self.platform.device
         set_tp_info(TPInfo(config.tp_rank, config.tp_size))
-        self.model_dir: Path = resolve_model_dir(config.model)
+        quantized = config.weights == "gguf"  # the GGUF's blocks kept (models/gguf_weights.py)
+        self.model_dir: Path = resolve_model_dir(config.model, float_weights=not quantized)
         self.model_config = _fit_windows(ModelConfig.from_dir(self.model_dir), config)
         self.dtype = _DTYPES[config.dtype]
         self.context_len = self.model_config.serving_context_len(config.max_model_len)
@@ -173,6 +174,10 @@ class Engine:
             torch.set_default_dtype(default_dtype)
         if config.dummy_weights:
             init_dummy_weights(self.model, config.seed)
+        elif quantized:
+            from minisgl.models.gguf_weights import load_gguf_weights
+
+            load_gguf_weights(self.model, gguf_file(config.model))
         else:
             load_weights(self.model, self.model_dir)
         self.model.eval()
