@@ -123,15 +123,19 @@ def _convert_atomically(gguf_path: Path, target: Path, float_weights: bool = Tru
             convert_gguf(gguf_path, staging)
         else:
             convert_gguf(gguf_path, staging, weights=False)
+        if (target / _META_MARKER).is_file():
+            # Config and tokenizer are there already (a quantized start), and other processes may
+            # be reading them: add the weight files one atomic rename each, then the marker.
+            for path in staging.iterdir():
+                if path.name.endswith((".safetensors", ".safetensors.index.json")):
+                    os.rename(path, target / path.name)
+            (target / _COMPLETE_MARKER).write_text(f"{gguf_path}\n")
+            return
         marker = _COMPLETE_MARKER if float_weights else _META_MARKER
         (staging / marker).write_text(f"{gguf_path}\n")
-        if target.exists():  # an incomplete leftover from a crashed run, or config-only (now with weights)
-            old = target.parent / f".{target.name}.tmp-{os.getpid()}-old-{uuid.uuid4().hex[:8]}"
-            os.rename(target, old)
-            os.rename(staging, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(staging, target)
+        if target.exists():  # an incomplete leftover from a crashed run
+            shutil.rmtree(target)
+        os.rename(staging, target)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

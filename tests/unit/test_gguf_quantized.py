@@ -182,3 +182,22 @@ def test_tensor_table_refuses_bad_files(tmp_path: Path) -> None:
     (tmp_path / "not.gguf").write_bytes(b"PK\x03\x04" + data[4:])
     with pytest.raises(ModelSourceError, match="not a GGUF file"):
         GGUFTable(tmp_path / "not.gguf")
+
+
+def test_prefill_takes_the_gemm_and_decode_the_gemv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompts of more than GEMV_MAX_ROWS tokens run the tiled GEMM, decode steps the GEMV."""
+    from minisgl.kernels import cpu_quant
+
+    path = quantized_model(tmp_path / "m.gguf", "llama", SMOLLM_LIKE)
+    llm = LLM(str(path), device="cpu", page_size=4, num_pages=64)
+    modes: list[tuple[int, int]] = []
+    real = cpu_quant.QuantLib.run
+
+    def spy(self: cpu_quant.QuantLib, x: torch.Tensor, qm: cpu_quant.QuantMatrix, isa_id: int, mode_id: int) -> torch.Tensor:
+        modes.append((x.numel() // qm.k, mode_id))
+        return real(self, x, qm, isa_id, mode_id)
+
+    monkeypatch.setattr(cpu_quant.QuantLib, "run", spy)
+    llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert (len(PROMPTS[1]), 1) in modes and (1, 0) in modes
+    assert all(mode == (rows > cpu_quant.GEMV_MAX_ROWS) for rows, mode in modes)
