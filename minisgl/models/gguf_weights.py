@@ -47,8 +47,10 @@ def load_gguf_weights(model: nn.Module, gguf_path: Path, show_progress: bool = T
     held, rest = _split(model, plans)
     try:
         op = quant_op()
-    except (RuntimeError, ValueError) as exc:  # no compiler, or a --cpu-isa this CPU cannot run
+    except RuntimeError as exc:  # no compiler
         raise ModelSourceError(f"--weights gguf: {exc}; pass --weights float32 to run dequantized") from exc
+    except ValueError as exc:  # a --cpu-isa this CPU cannot run
+        raise ModelSourceError(f"--cpu-isa: {exc}; pass --cpu-isa auto") from exc
     loaded: set[str] = set()
     for plan, values in materialize(rest) if rest else ():
         load_tensor(model, params, plan.hf_name, torch.from_numpy(np.array(values)), loaded)

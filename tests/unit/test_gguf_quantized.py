@@ -201,3 +201,12 @@ def test_prefill_takes_the_gemm_and_decode_the_gemv(tmp_path: Path, monkeypatch:
     llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert (len(PROMPTS[1]), 1) in modes and (1, 0) in modes
     assert all(mode == (rows > cpu_quant.GEMV_MAX_ROWS) for rows, mode in modes)
+
+
+def test_an_isa_the_cpu_lacks_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from minisgl.kernels import cpu_quant
+
+    path = quantized_model(tmp_path / "m.gguf", "llama", SMOLLM_LIKE)
+    monkeypatch.setattr(cpu_quant.load_library(), "supported", ("portable",))  # as on a CPU without AVX2
+    with pytest.raises(ModelSourceError, match=r"--cpu-isa: ISA 'avx2' unavailable.*pass --cpu-isa auto"):
+        LLM(str(path), device="cpu", page_size=4, num_pages=64, cpu_isa="avx2")
