@@ -13,6 +13,9 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 # on CPU at one rank with --dtype auto and real weights; else the dtype's (an explicit --dtype
 # float32 is the dequantized fp32 model, as before). Resolved, it is "gguf" or the model's dtype.
 Weights = Literal["auto", "gguf", "float32", "bfloat16", "float16"]
+KVCacheDType = Literal["auto", "fp8_e4m3"]
+# What the engine serves: text generation, or embeddings (models/pooling.py); auto: the checkpoint says.
+EngineTask = Literal["auto", "generate", "embed"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,12 @@ class EngineConfig:
     page_size: int = 16
     num_pages: int | None = None  # None: derived from memory_fraction / kv_cache_gb
     kv_cache_gb: float | None = None  # explicit KV budget (GiB); wins over memory_fraction
+    # KV pool element type: "auto" = the model dtype; "fp8_e4m3" = float8 pages with per-layer
+    # scales (the checkpoint's, else 1.0): half the bytes of bf16, twice the tokens per GiB.
+    kv_cache_dtype: KVCacheDType = "auto"
+    # float8 KV without scales in the checkpoint: measure them at start (engine/kv_scales.py);
+    # False: every scale 1.0 (vLLM's default).
+    calculate_kv_scales: bool = True
     memory_fraction: float = 0.85  # fraction of free device memory (CUDA) the engine may hold
     dummy_weights: bool = False
     attn: str | None = None  # attention backend name; None: platform default
@@ -40,12 +49,19 @@ class EngineConfig:
     # shapes it has seen before (engine/engine.py: padded_rows). None: the platform's choice (CUDA).
     pad_eager: bool | None = None
     kernels: KernelConfig = field(default_factory=KernelConfig)
+    task: EngineTask = "auto"
 
     def __post_init__(self) -> None:
+        if self.task not in get_args(EngineTask):
+            raise ValueError(f"unknown task {self.task!r}: use one of {', '.join(get_args(EngineTask))}")
         if self.dtype not in get_args(DType):
             raise ValueError(f"unknown dtype {self.dtype!r}: use one of {', '.join(get_args(DType))}")
         if self.weights not in get_args(Weights):
             raise ValueError(f"unknown weights {self.weights!r}: use one of {', '.join(get_args(Weights))}")
+        if self.kv_cache_dtype not in get_args(KVCacheDType):
+            raise ValueError(
+                f"unknown kv_cache_dtype {self.kv_cache_dtype!r}: use one of {', '.join(get_args(KVCacheDType))}"
+            )
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.num_pages is not None and self.num_pages < 1:

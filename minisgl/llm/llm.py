@@ -18,6 +18,7 @@ from tqdm import tqdm
 from minisgl.core import SamplingParams, fan_out
 from minisgl.engine.config import EngineConfig
 from minisgl.platform.kernel_config import KernelConfig
+from minisgl.llm.embed import EmbeddingRequestOutput, embed_inputs, embed_prompts
 from minisgl.llm.outputs import OutputBuilder, RequestOutput
 from minisgl.message.tokenizer import ChatPrompt, Prompt, TextPrompt, TokenizeMsg, TokenOut, TokenPrompt
 from minisgl.scheduler.config import SchedulerConfig
@@ -148,6 +149,14 @@ class LLM:
         kwargs = dict(chat_template_kwargs or {})
         prompts: list[Prompt] = [ChatPrompt(list(c), list(tools or []), kwargs) for c in conversations]  # type: ignore[arg-type]
         return self._run(prompts, sampling_params, use_tqdm)
+
+    def embed(self, prompts: PromptInput | Sequence[PromptInput], *, dimensions: int | None = None,
+              use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:  # fmt: skip
+        """One embedding per prompt (an embedding model, or `LLM(task="embed")`); vLLM-shaped:
+        `outputs.embedding`. `dimensions`: a Matryoshka model's shorter vector (llm/embed.py)."""
+        wrapped = embed_inputs(prompts)
+        first, self._next_rid = self._next_rid, self._next_rid + len(wrapped)
+        return embed_prompts(self.scheduler, self.requests, wrapped, first, dimensions, use_tqdm)
 
     def _run(self, prompts: list[Prompt], sampling_params: ParamsInput, use_tqdm: bool) -> list[RequestOutput]:
         """Validate and queue the prompts, step the scheduler until all finish, detokenizing each

@@ -5,6 +5,8 @@ from __future__ import annotations
 from minisgl.message.codec import decode, encode, registered_types, wire
 from minisgl.message.frontend import (
     DetokenizedMsg,
+    EmbeddingMsg,
+    EmbeddingOut,
     ErrorMsg,
     FrontendMsg,
     QueryErrorMsg,
@@ -38,6 +40,8 @@ __all__ = [
     "DetokFacts",
     "DetokenizeQueryMsg",
     "DetokenizedMsg",
+    "EmbeddingMsg",
+    "EmbeddingOut",
     "ErrorMsg",
     "FinishedMsg",
     "FrontendMsg",

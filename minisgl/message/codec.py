@@ -137,9 +137,10 @@ WIRE = WireCodec(encode, decode)
 
 def _register_external() -> None:
     # Plain-data types defined below `message` that travel inside messages.
-    from minisgl.core import SamplingParams
+    from minisgl.core import PoolingParams, SamplingParams
 
     wire(tag=1)(SamplingParams)
+    wire(tag=2)(PoolingParams)
 
 
 _register_external()

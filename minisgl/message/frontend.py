@@ -133,5 +133,26 @@ class QueryErrorMsg:
     param: str | None = None
 
 
+@wire(tag=69)
+@dataclass(slots=True)
+class EmbeddingOut:
+    """The vector of one embedding request (float32, little-endian; pooled, cut to the request's
+    dimensions and normalized by the engine), with its prompt's token counts. It ends the request."""
+
+    rid: int
+    embedding: bytes
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    finish_reason: FinishReason = "stop"
+
+
+@wire(tag=70)
+@dataclass(slots=True)
+class EmbeddingMsg:
+    """The embedding requests one scheduler step finished (sent by rank 0 straight to the API server)."""
+
+    outs: list[EmbeddingOut] = field(default_factory=list)
+
+
 QueryReply = StatsMsg | TokensMsg | DetokenizedMsg | QueryErrorMsg
-FrontendMsg = TextDeltaMsg | ErrorMsg | QueryReply
+FrontendMsg = TextDeltaMsg | ErrorMsg | EmbeddingMsg | QueryReply

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minisgl.core import SamplingParams
+from minisgl.core import PoolingParams, SamplingParams
 from minisgl.message.codec import wire
 from minisgl.message.tokenizer import DetokFacts
 
@@ -17,13 +17,15 @@ class TokenizedMsg:
     `max_tokens_explicit` is False when the client set no limit: `sampling.max_tokens` then only
     says "up to the end of the context", and the scheduler may lower it to what its KV pool can
     ever hold instead of rejecting the request. `facts`: what the detokenizer needs; rank 0
-    forwards them on its output stream (None: plain decoding, no stop strings)."""
+    forwards them on its output stream (None: plain decoding, no stop strings). `pooling`: an
+    embedding request (prefill only; its vector goes to the API server, never the detokenizer)."""
 
     rid: int
     input_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens_explicit: bool = True
     facts: DetokFacts | None = None
+    pooling: PoolingParams | None = None
 
 
 @wire(tag=21)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -76,6 +77,10 @@ def _takes_lazy(param: nn.Parameter) -> bool:
     return isinstance(owner, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, ExpertGateUp, ExpertDown))
 
 
+# What a decoder saved as its base model (`*Model`, no LM head) names its tensors with.
+_BARE_PREFIXES = ("embed_tokens.", "layers.", "norm.")
+
+
 def _target(model: nn.Module, name: str) -> tuple[str, str | int | None] | None:
     """Map a checkpoint name to (parameter name, fused part) or None to skip it. A model may
     rename or skip checkpoint tensors first (`checkpoint_name`: Gemma 3's multimodal layout)."""
@@ -89,6 +94,10 @@ def _target(model: nn.Module, name: str) -> tuple[str, str | int | None] | None:
         return None
     if name == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False):
         return None
+    if name.startswith("lm_head.") and getattr(model, "lm_head", True) is None:
+        return None  # served without its LM head (embeddings)
+    if name.startswith(_BARE_PREFIXES) and hasattr(model, "model"):
+        name = "model." + name  # a base model's checkpoint (`Qwen3Model`): no `model.` prefix
     stacked: dict[str, tuple[str, str | int]] = getattr(model, "stacked_params", {})
     for ckpt_part, (fused, part) in stacked.items():
         token = f".{ckpt_part}."
@@ -97,18 +106,42 @@ def _target(model: nn.Module, name: str) -> tuple[str, str | int | None] | None:
     return name, None
 
 
-def load_weights(model: nn.Module, model_dir: Path, show_progress: bool = True) -> None:
-    """The checkpoint of `model_dir` into `model` (`--weights gguf` loads with
-    models/gguf_weights.py instead, which reuses `load_tensor` and `check_complete`)."""
+# Per-layer KV cache scales of an FP8-KV checkpoint: `self_attn.k_scale` / `v_scale` (vLLM's and
+# llm-compressor's names), the older `k_proj.output_scale` / `v_proj.output_scale`, and one
+# `kv_scale` for both.
+_KV_SCALE = re.compile(r"layers\.(\d+)\.self_attn\.(?:(k|v|kv)_scale|(k|v)_proj\.output_scale)$")
+
+
+def kv_scale_target(name: str) -> tuple[int, str] | None:
+    """(layer, "k" | "v" | "kv") when `name` is a KV cache scale."""
+    match = _KV_SCALE.search(name)
+    if match is None:
+        return None
+    return int(match.group(1)), match.group(2) or match.group(3)
+
+
+def load_weights(model: nn.Module, model_dir: Path, show_progress: bool = True) -> dict[int, tuple[float, float]]:
+    """Load the checkpoint into `model`; returns the KV cache scales it holds, {layer: (k, v)}
+    (empty for most checkpoints; a float8 KV pool uses them). `--weights gguf` loads with
+    models/gguf_weights.py instead, which reuses `load_tensor` and `check_complete`."""
     from minisgl.distributed import get_tp_info
 
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
+    kv_scales: dict[int, dict[str, float]] = {}
     # With TP, sharded layers read only their rank's slice from the file.
     lazy = get_tp_info().size > 1
     for name, tensor in iter_checkpoint(model_dir, show_progress, lazy=lazy):
+        scale_of = kv_scale_target(name)
+        if scale_of is not None:
+            value = tensor.materialize() if isinstance(tensor, LazyTensor) else tensor
+            layer, which = scale_of
+            for part in ("k", "v") if which == "kv" else (which,):
+                kv_scales.setdefault(layer, {})[part] = float(value.float().max())
+            continue
         load_tensor(model, params, name, tensor, loaded)
     check_complete(model, loaded, f"checkpoint in {model_dir}")
+    return {layer: (parts.get("k", 1.0), parts.get("v", 1.0)) for layer, parts in kv_scales.items()}
 
 
 def load_tensor(model: nn.Module, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor | LazyTensor,

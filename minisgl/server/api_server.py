@@ -24,6 +24,8 @@ from minisgl.server.anthropic_api import add_anthropic_routes
 from minisgl.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from minisgl.server.chat_protocol import ChatCompletionRequest
 from minisgl.server.choice import ChoiceOptions
+from minisgl.server.embeddings_api import add_embedding_routes
+from minisgl.server.embeddings_protocol import EmbeddingRequest
 from minisgl.server.frontend import FrontendManager
 from minisgl.server.openapi import body, install_docs
 from minisgl.server.protocol import CompletionRequest, GenerateRequest, RequestError, parse_request
@@ -157,8 +159,9 @@ def create_app(state: AppState) -> FastAPI:
 
     add_utility_routes(app, state)
     add_anthropic_routes(app, state)
+    add_embedding_routes(app, state)
     install_docs(app, [ChatCompletionRequest, CompletionRequest, GenerateRequest, TokenizeRequest, DetokenizeRequest,
-                       MessagesRequest, CountTokensRequest])
+                       MessagesRequest, CountTokensRequest, EmbeddingRequest])
     return app
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import fields
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, get_args
 
-from minisgl.engine.config import DType, EngineConfig, Weights
+from minisgl.engine.config import DType, EngineConfig, EngineTask, KVCacheDType, Weights
 from minisgl.platform.kernel_config import CpuIsa, KernelConfig
 from minisgl.scheduler.config import SchedulerConfig
 
@@ -98,6 +98,9 @@ def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -
     m.add_argument("--dummy-weights", action="store_true", help="random weights (benchmarks without a checkpoint)")
     m.add_argument("--max-model-len", type=positive_int, default=None, help="cap on the context length")
     m.add_argument("--seed", type=int, default=defaults.seed, help="random seed of the engine (default: 0)")
+    m.add_argument("--task", default=defaults.task, choices=list(EngineTask.__args__),  # type: ignore[attr-defined]
+                   help="generate (text) or embed (/v1/embeddings: last-token pooling); default: auto = embed "
+                   "for a checkpoint with sentence-transformers pooling or without an LM head (Qwen3Model)")  # fmt: skip
     d = parser.add_argument_group("device and parallelism")
     d.add_argument("--device", type=device, default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     d.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size: one scheduler per rank")
@@ -113,6 +116,12 @@ def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -
     size = k.add_mutually_exclusive_group()
     size.add_argument("--num-pages", type=positive_int, default=None, help="KV pool size in pages")
     size.add_argument("--kv-cache-gb", type=positive_float, default=None, help="KV pool size in GiB")
+    k.add_argument("--kv-cache-dtype", default=defaults.kv_cache_dtype, choices=list(get_args(KVCacheDType)),
+                   help="KV cache element type: auto = the model dtype; fp8_e4m3 = float8 pages with the "
+                   "checkpoint's per-layer scales (else 1.0), twice the tokens per GiB (default: auto)")  # fmt: skip
+    k.add_argument("--calculate-kv-scales", action=argparse.BooleanOptionalAction, default=defaults.calculate_kv_scales,
+                   help="fp8 KV cache of a checkpoint without KV scales: measure per-layer scales on a "
+                   "calibration prefill at start-up; off: scales 1.0 (default: on)")  # fmt: skip
     k.add_argument("--max-running-requests", type=positive_int, default=sched.max_running_requests,
                    help="requests decoded together")  # fmt: skip
     prefill_help = ("prefill tokens per step (default: the platform's offline budget, 16384 on GPUs of >= 70 GiB, "
@@ -153,10 +162,11 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
     """The EngineConfig the flags say (`overrides`: fields the caller sets itself, e.g. tp_rank)."""
     values: dict[str, Any] = dict(
         model=args.model, device=args.device, dtype=args.dtype, page_size=args.page_size,
-        num_pages=args.num_pages, kv_cache_gb=args.kv_cache_gb, dummy_weights=args.dummy_weights,
+        num_pages=args.num_pages, kv_cache_gb=args.kv_cache_gb, kv_cache_dtype=args.kv_cache_dtype,
+        calculate_kv_scales=args.calculate_kv_scales, dummy_weights=args.dummy_weights,
         attn=args.attn, tp_size=args.tp, cuda_graph_max_bs=args.cuda_graph_max_bs,
         max_running_requests=args.max_running_requests, max_model_len=args.max_model_len, seed=args.seed,
-        pad_eager=args.pad_eager, weights=args.weights,
+        pad_eager=args.pad_eager, weights=args.weights, task=args.task,
         kernels=KernelConfig(**{name: getattr(args, name) for name in (*KERNEL_SWITCHES, *KERNEL_CHOICES)}),
     )  # fmt: skip
     return EngineConfig(**{**values, **overrides})

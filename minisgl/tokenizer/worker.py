@@ -92,7 +92,7 @@ class RequestTokenizer:
             msg.rid, ids[-PROMPT_TAIL:], list(msg.stop), stop_token_ids=list(sampling.stop_token_ids),
             include_stop=msg.include_stop, min_tokens=sampling.min_tokens, echo_ids=ids if msg.echo else [],
         )  # fmt: skip
-        return Tokenized(TokenizedMsg(msg.rid, ids, sampling, msg.max_tokens_explicit, facts), text)
+        return Tokenized(TokenizedMsg(msg.rid, ids, sampling, msg.max_tokens_explicit, facts, msg.pooling), text)
 
     def query(self, msg: TokenizeQueryMsg | DetokenizeQueryMsg) -> QueryReply:
         """`/tokenize` and `/detokenize`."""
