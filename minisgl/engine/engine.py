@@ -141,9 +141,10 @@ class ForwardOut:
 
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
+        from minisgl.models.gguf_weights import load_gguf_weights
         from minisgl.models.loader import init_dummy_weights, load_weights
         from minisgl.models.registry import build_model
-        from minisgl.models.source import resolve_model_dir
+        from minisgl.models.source import gguf_file, resolve_model_dir
 
         self.platform = init_platform(config.device)
         # Every `auto` choice made once; the layers built below read the kernel choices.
@@ -152,7 +153,7 @@ class Engine:
         self.platform.set_device()
         self.device = self.platform.device
         set_tp_info(TPInfo(config.tp_rank, config.tp_size))
-        self.model_dir: Path = resolve_model_dir(config.model)
+        self.model_dir: Path = resolve_model_dir(config.model, float_weights=config.weights != "gguf")
         self.model_config = ModelConfig.from_dir(self.model_dir)
         # Embeddings (models/pooling.py): the model runs without its LM head, and never decodes.
         self.task, self.pooler = resolve_task(config.task, self.model_dir, self.model_config)
@@ -181,6 +182,8 @@ class Engine:
         kv_scales: dict[int, tuple[float, float]] = {}
         if config.dummy_weights:
             init_dummy_weights(self.model, config.seed)
+        elif config.weights == "gguf":  # the GGUF's blocks kept as they are (models/gguf_weights.py)
+            load_gguf_weights(self.model, gguf_file(config.model))
         else:
             kv_scales = load_weights(self.model, self.model_dir)
         self.model.eval()

@@ -122,7 +122,8 @@ def kv_scale_target(name: str) -> tuple[int, str] | None:
 
 def load_weights(model: nn.Module, model_dir: Path, show_progress: bool = True) -> dict[int, tuple[float, float]]:
     """Load the checkpoint into `model`; returns the KV cache scales it holds, {layer: (k, v)}
-    (empty for most checkpoints; a float8 KV pool uses them)."""
+    (empty for most checkpoints; a float8 KV pool uses them). `--weights gguf` loads with
+    models/gguf_weights.py instead, which reuses `load_tensor` and `check_complete`."""
     from minisgl.distributed import get_tp_info
 
     params = dict(model.named_parameters(remove_duplicate=False))
@@ -138,42 +139,58 @@ def load_weights(model: nn.Module, model_dir: Path, show_progress: bool = True) 
             for part in ("k", "v") if which == "kv" else (which,):
                 kv_scales.setdefault(layer, {})[part] = float(value.float().max())
             continue
-        target = _target(model, name)
-        if target is None:
-            continue
-        param_name, part = target
-        param = params.get(param_name)
-        if isinstance(tensor, LazyTensor) and (param is None or not _takes_lazy(param)):
-            tensor = tensor.materialize()
-        if param is None:
-            extra = getattr(model, "load_extra_weight", None)
-            if extra is not None and extra(name, tensor):
-                loaded.add(name)
-                continue
-            raise ValueError(f"checkpoint tensor {name!r} has no matching parameter in {type(model).__name__}")
-        loader = getattr(param, "weight_loader", None)
-        parts = _fused_parts(model, param_name) if part is None else None
-        if parts is not None and loader is not None:
-            # A projection fused in the checkpoint (Phi-3's qkv_proj): each part through the
-            # fused layer's loader, which takes this rank's slice of it.
-            full = tensor.materialize() if isinstance(tensor, LazyTensor) else tensor
-            _load_fused(loader, param, full, parts, name)
-            loaded.update(f"{param_name}:{p}" for p, _ in parts)
-            continue
-        with torch.no_grad():
-            if loader is None:
-                if param.shape != tensor.shape:
-                    raise ValueError(f"{name}: shape {tuple(tensor.shape)} != parameter {tuple(param.shape)}")
-                param.data.copy_(tensor)
-            elif part is None:
-                loader(param, tensor)
-            else:
-                loader(param, tensor, part)
-        loaded.add(param_name if part is None else f"{param_name}:{part}")
+        load_tensor(model, params, name, tensor, loaded)
+    check_complete(model, loaded, f"checkpoint in {model_dir}")
+    return {layer: (parts.get("k", 1.0), parts.get("v", 1.0)) for layer, parts in kv_scales.items()}
+
+
+def load_tensor(model: nn.Module, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor | LazyTensor,
+                loaded: set[str]) -> None:  # fmt: skip
+    """One checkpoint tensor (HF name) into its parameter (through the layer's loader); adds what
+    it filled to `loaded`."""
+    target = _target(model, name)
+    if target is None:
+        return
+    param_name, part = target
+    param = params.get(param_name)
+    if isinstance(tensor, LazyTensor) and (param is None or not _takes_lazy(param)):
+        tensor = tensor.materialize()
+    if param is None:
+        extra = getattr(model, "load_extra_weight", None)
+        if extra is not None and extra(name, tensor):
+            loaded.add(name)
+            return
+        raise ValueError(f"checkpoint tensor {name!r} has no matching parameter in {type(model).__name__}")
+    loader = getattr(param, "weight_loader", None)
+    parts = _fused_parts(model, param_name) if part is None else None
+    if parts is not None and loader is not None:
+        # A projection fused in the checkpoint (Phi-3's qkv_proj): each part through the
+        # fused layer's loader, which takes this rank's slice of it.
+        full = tensor.materialize() if isinstance(tensor, LazyTensor) else tensor
+        _load_fused(loader, param, full, parts, name)
+        loaded.update(f"{param_name}:{p}" for p, _ in parts)
+        return
+    with torch.no_grad():
+        if loader is None:
+            if param.shape != tensor.shape:
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != parameter {tuple(param.shape)}")
+            param.data.copy_(tensor)
+        elif part is None:
+            loader(param, tensor)
+        else:
+            loader(param, tensor, part)
+    loaded.add(param_name if part is None else f"{param_name}:{part}")
+
+
+def check_complete(model: nn.Module, loaded: set[str], source: str) -> None:
     missing = _missing(model, loaded)
     if missing:
-        raise ValueError(f"checkpoint in {model_dir} lacks weights for: {', '.join(sorted(missing)[:8])}")
-    return {layer: (parts.get("k", 1.0), parts.get("v", 1.0)) for layer, parts in kv_scales.items()}
+        raise ValueError(f"{source} lacks weights for: {', '.join(sorted(missing)[:8])}")
+
+
+def target_of(model: nn.Module, name: str) -> tuple[str, str | int | None] | None:
+    """(parameter name, fused part) of a checkpoint tensor, or None for one the model skips."""
+    return _target(model, name)
 
 
 def _fused_parts(model: nn.Module, param_name: str) -> list[tuple[str | int, int]] | None:

@@ -13,8 +13,8 @@ import math
 from dataclasses import fields
 from typing import Any, Callable, NamedTuple, get_args
 
-from minisgl.engine.config import DType, EngineConfig, EngineTask, KVCacheDType
-from minisgl.platform.kernel_config import KernelConfig
+from minisgl.engine.config import DType, EngineConfig, EngineTask, KVCacheDType, Weights
+from minisgl.platform.kernel_config import CpuIsa, KernelConfig
 from minisgl.scheduler.config import SchedulerConfig
 
 SERVER_PREFILL_TOKENS = 8192  # the server's --max-prefill-tokens default (latency)
@@ -60,7 +60,10 @@ KERNEL_SWITCHES: dict[str, str] = {
     "cpu_kernels": "the bf16 C++ CPU kernels (GEMV, RMSNorm, rotary, SiLU)",
     "cpu_attn_kernel": "the bf16 C++ CPU decode attention",
 }
-assert set(KERNEL_SWITCHES) == {f.name for f in fields(KernelConfig)}, "every KernelConfig field needs a flag"
+# KernelConfig's fields that are choices, not switches, each with its own flag.
+KERNEL_CHOICES = ("cpu_isa",)
+assert set(KERNEL_SWITCHES) | set(KERNEL_CHOICES) == {f.name for f in fields(KernelConfig)}, (
+    "every KernelConfig field needs a flag")  # fmt: skip
 
 
 def flag(name: str) -> str:
@@ -87,6 +90,11 @@ def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -
     m.add_argument("--dtype", default="auto", choices=list(DType.__args__),  # type: ignore[attr-defined]
                    help="weight and activation dtype (default: auto = bfloat16 on CUDA and on CPUs with "
                    "native bf16, else float32)")  # fmt: skip
+    m.add_argument("--weights", default="auto", choices=list(Weights.__args__),  # type: ignore[attr-defined]
+                   help="how a GGUF model's weights are held: gguf = its quantized blocks as shipped, run by "
+                   "the quantized CPU kernels (fp32 activations; CPU, one rank); float32 / bfloat16 = "
+                   "dequantized (float32: the exact-vs-Hugging Face mode) (default: auto = gguf for a .gguf "
+                   "model on CPU with --dtype auto, else the --dtype's)")  # fmt: skip
     m.add_argument("--dummy-weights", action="store_true", help="random weights (benchmarks without a checkpoint)")
     m.add_argument("--max-model-len", type=positive_int, default=None, help="cap on the context length")
     m.add_argument("--seed", type=int, default=defaults.seed, help="random seed of the engine (default: 0)")
@@ -97,6 +105,9 @@ def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -
     d.add_argument("--device", type=device, default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     d.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size: one scheduler per rank")
     d.add_argument("--attn", default=None, help="attention backend (default: triton on CUDA, torch on CPU)")
+    d.add_argument("--cpu-isa", default=KernelConfig().cpu_isa, choices=list(CpuIsa.__args__),  # type: ignore[attr-defined]
+                   help="code path of the CPU kernels (quantized GGUF matmuls): auto = the best this CPU runs; "
+                   "avx512, avx2 or portable force one (default: auto)")  # fmt: skip
     d.add_argument("--cuda-graph-max-bs", type=int, default=defaults.cuda_graph_max_bs,
                    help="largest batch captured in a CUDA graph; 0 off")  # fmt: skip
     k = parser.add_argument_group("KV cache and scheduling")
@@ -140,6 +151,10 @@ def check_engine_args(args: argparse.Namespace) -> str | None:
     """What is wrong with the flags beyond their own types (a sentence), or None."""
     if args.cuda_graph_max_bs < 0:
         return "--cuda-graph-max-bs must be >= 0"
+    if args.weights == "gguf" and args.tp > 1:
+        return f"--weights gguf runs at one rank: for --tp {args.tp} pass --weights float32 or bfloat16"
+    if args.weights == "gguf" and args.model is not None and not args.model.endswith(".gguf"):
+        return f"--weights gguf needs a .gguf model, got {args.model}: pass --weights float32 or bfloat16"
     return None
 
 
@@ -151,8 +166,8 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         calculate_kv_scales=args.calculate_kv_scales, dummy_weights=args.dummy_weights,
         attn=args.attn, tp_size=args.tp, cuda_graph_max_bs=args.cuda_graph_max_bs,
         max_running_requests=args.max_running_requests, max_model_len=args.max_model_len, seed=args.seed,
-        pad_eager=args.pad_eager, kernels=KernelConfig(**{name: getattr(args, name) for name in KERNEL_SWITCHES}),
-        task=args.task,
+        pad_eager=args.pad_eager, weights=args.weights, task=args.task,
+        kernels=KernelConfig(**{name: getattr(args, name) for name in (*KERNEL_SWITCHES, *KERNEL_CHOICES)}),
     )  # fmt: skip
     return EngineConfig(**{**values, **overrides})
 

@@ -115,7 +115,9 @@ def _load_model_config(config: ServerConfig) -> tuple[str, ModelConfig]:
     from minisgl.models.source import ModelSourceError, resolve_model_dir
 
     try:
-        model_dir = str(resolve_model_dir(config.engine.model))
+        # Config and tokenizer suffice here; a GGUF's float32 weights, if the engine wants them,
+        # are converted by the engine (--weights gguf reads the file's blocks instead).
+        model_dir = str(resolve_model_dir(config.engine.model, float_weights=False))
         model_config = ModelConfig.from_dir(model_dir)
     except (ModelSourceError, ValueError, OSError, KeyError) as exc:
         fail(f"cannot load model {config.engine.model or '(default)'}: {exc}")

@@ -88,7 +88,8 @@ class ServiceProcesses:
         tp = config.engine.tp_size
         per_node = tp // parallel.nnodes
         local_ranks = range(parallel.node_rank * per_node, (parallel.node_rank + 1) * per_node)
-        engine = replace(config.engine, model=model_dir)
+        # A GGUF stays named by its file: the engine keeps its blocks (--weights gguf) from it.
+        engine = config.engine if config.engine.gguf_model else replace(config.engine, model=model_dir)
         for replica in range(parallel.dp_size):
             rdzv = None
             if tp > 1:
