@@ -187,11 +187,21 @@ _WARNED: set[str] = set()
 
 
 def load_or_warn(flag: str, what: str) -> CpuKernels | None:
-    """The library, or None after one warning naming why and `flag`, the switch that hides it."""
+    """The library, or None after one warning naming why and `flag`, the switch that hides it.
+    Calls without an `isa` then take the path `--cpu-isa` (KernelConfig.cpu_isa) names: "avx512"
+    is the AVX-512 BF16 path where the CPU has it, else plain AVX-512F."""
+    from minisgl.platform import current
+
     try:
-        return _LIBS.get(False) or load_library()
+        lib = _LIBS.get(False) or load_library()
     except RuntimeError as exc:
         if flag not in _WARNED:
             _WARNED.add(flag)
             logger.warning("%s unavailable (%s); using the torch path (%s hides this)", what, exc, flag)
         return None
+    choice = current().kernels.cpu_isa
+    if choice == "avx512" and "avx512bf16" in lib.supported:
+        choice = "avx512bf16"
+    if choice != _CHOICE.isa:
+        set_isa(choice)  # type: ignore[arg-type]
+    return lib
