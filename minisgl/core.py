@@ -169,6 +169,19 @@ def fan_out(sampling: SamplingParams, n: int | None = None) -> list[SamplingPara
     return [one if i == 0 else replace(one, seed=sampling.seed + i) for i in range(count)]
 
 
+@dataclass(frozen=True, slots=True)
+class PoolingParams:
+    """An embedding request: prefill only (no sampling, no decode); what comes back is the final
+    hidden state (after the model's last norm) of the prompt's last token, cut to its first
+    `dimensions` values (Matryoshka; None: all of them), then L2-normalized where the model's
+    pooler normalizes."""
+
+    dimensions: int | None = None
+
+    def __post_init__(self) -> None:
+        _check("dimensions", self.dimensions is None or self.dimensions >= 1, "dimensions must be at least 1")
+
+
 @dataclass(slots=True, eq=False)
 class Req:
     """One request as the scheduler sees it.
@@ -196,7 +209,8 @@ class Req:
     cache_handle: Any = None  # locked prefix-cache node, or None
     finish_reason: FinishReason | None = None
     arrival: int = 0  # admission order, used to pick the victim when retracting
-    num_pending: int = 0  # output tokens sampled on the device but not yet known on the host
+    num_pending: int = 0  # output tokens (or an embedding) computed on the device, not yet known on the host
+    pooling: PoolingParams | None = None  # an embedding request (its output: one vector, no tokens)
 
     @property
     def prompt_len(self) -> int:

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# CPU serving benchmark: minisgl (fp32, and bf16: `--dtype auto` on CPUs with native bf16) against llama.cpp's llama-server (an F32 GGUF dequantized
-# from the shipped Q4_1 SmolLM2, and the Q4_1 file itself), every server driven by the same
-# client (`python -m minisgl.bench serve`) with the same text prompts. Prints a markdown table and
-# appends it to BENCHMARKS.md under a dated heading.
+# CPU serving benchmark: minisgl (the default: the shipped Q4_1 GGUF's blocks kept quantized,
+# `--weights gguf`; minisgl-f32: dequantized to fp32, `--weights float32`; minisgl-bf16: to bf16,
+# where the CPU has native bf16) against llama.cpp's llama-server (an F32 GGUF dequantized from
+# the shipped Q4_1 SmolLM2, and the Q4_1 file itself), every server driven by the same client
+# (`python -m minisgl.bench serve`) with the same text prompts. Prints a markdown table (and each
+# server's memory after each workload) and appends it to BENCHMARKS.md under a dated heading.
 #   bash scripts/cpu_bench.sh
-# Env: RUNS (3), WORKLOADS ("W1 W2 W3"), SERVERS ("minisgl llama-f32 llama-q4_1"), THREADS (2),
+#   CPU_ISA=avx2 bash scripts/cpu_bench.sh     # what an AVX2-only CPU runs, on an AVX-512 one
+# Env: RUNS (3), WORKLOADS ("W1 W2 W3"), SERVERS ("minisgl minisgl-f32 minisgl-bf16 llama-f32
+#      llama-q4_1"; minisgl-bf16 is skipped on a CPU without native bf16), THREADS (2),
+#      CPU_ISA (minisgl's --cpu-isa: auto, avx512, avx2 or portable; rows labelled minisgl@avx2 ...),
+#      KV_PAGES (minisgl's KV pool in 16-token pages; default: llama-server's -c, for equal capacity),
 #      MINISGL_ARGS / LLAMA_ARGS (extra server flags), REQUEST_TIMEOUT (s, 1800),
 #      MINISGL_PEER_CACHE (~/.cache/minisgl-peer), BENCH_NOTE (a line for the heading),
 #      NO_APPEND=1 (stdout only), BENCH_OUT (keep raw results and logs in this dir; rows already
@@ -16,21 +22,24 @@ PY=${PYTHON:-python3}
 CACHE=${MINISGL_PEER_CACHE:-$HOME/.cache/minisgl-peer}
 RUNS=${RUNS:-3}
 WORKLOADS=${WORKLOADS:-"W1 W2 W3"}
-SERVERS=${SERVERS:-"minisgl minisgl-bf16 llama-f32 llama-q4_1"}
+SERVERS=${SERVERS:-"minisgl minisgl-f32 minisgl-bf16 llama-f32 llama-q4_1"}
 THREADS=${THREADS:-2}
+CPU_ISA=${CPU_ISA:-}
 REQUEST_TIMEOUT=${REQUEST_TIMEOUT:-1800}
 SLOTS=32
 CTX=$((SLOTS * (512 + 128 + 64)))  # 32 slots x (longest W2 prompt + output + margin)
+KV_PAGES=${KV_PAGES:-$((CTX / 16))}
 # BENCH_OUT=DIR keeps the raw JSON lines and server logs there (partial results survive an abort).
 WORK=${BENCH_OUT:-$(mktemp -d -t minisgl-bench.XXXXXX)}
 mkdir -p "$WORK"
 RESULTS=$WORK/results.jsonl
+MEMORY=$WORK/memory.tsv  # server, workload, RSS / PSS / peak RSS (MiB) summed over its processes
 SERVER_PID=""
 
 log() { echo "[cpu-bench] $*" >&2; }
 
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo '?')
-CMDLINE="RUNS=$RUNS WORKLOADS=\"$WORKLOADS\" SERVERS=\"$SERVERS\" bash scripts/cpu_bench.sh"
+CMDLINE="RUNS=$RUNS WORKLOADS=\"$WORKLOADS\" SERVERS=\"$SERVERS\"${CPU_ISA:+ CPU_ISA=$CPU_ISA} bash scripts/cpu_bench.sh"
 EARLIER_ROWS=0
 [ -f "$RESULTS" ] && EARLIER_ROWS=$(grep -c '^{' "$RESULTS" || true)
 if [ "${REPORT_ONLY:-0}" = 1 ]; then
@@ -61,12 +70,13 @@ free_port() { "$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1',
 start_server() {
     local name=$1 port=$2 logfile=$WORK/$1.log
     case $name in
-        minisgl|minisgl-bf16)
-            local dtype=float32
-            [ "$name" = minisgl-bf16 ] && dtype=bfloat16
+        minisgl|minisgl-f32|minisgl-bf16)
+            local weights=auto
+            [ "$name" = minisgl-f32 ] && weights=float32
+            [ "$name" = minisgl-bf16 ] && weights=bfloat16
             # shellcheck disable=SC2086
-            setsid "$PY" -m minisgl --device cpu --dtype $dtype --host 127.0.0.1 --port "$port" \
-                ${MINISGL_ARGS:-} >"$logfile" 2>&1 & ;;
+            setsid "$PY" -m minisgl --device cpu --weights $weights ${CPU_ISA:+--cpu-isa $CPU_ISA} \
+                --num-pages "$KV_PAGES" --host 127.0.0.1 --port "$port" ${MINISGL_ARGS:-} >"$logfile" 2>&1 & ;;
         llama-f32|llama-q4_1)
             local model=$F32_GGUF
             [ "$name" = llama-q4_1 ] && model=$Q41_GGUF
@@ -105,18 +115,39 @@ else
     if [ -n "$cached" ]; then LLAMA_VERSION=$("$cached" --version 2>&1 | grep -m1 -i version || echo unknown); fi
 fi
 
+# memory_of NAME WORKLOAD: the server's processes (its session) summed: RSS, PSS (shared pages
+# split between the processes that map them) and the sum of each process's peak RSS, in MiB.
+memory_of() {
+    local rss=0 pss=0 hwm=0 pid kb
+    for pid in $(ps -o pid= -s "$SERVER_PID" 2>/dev/null); do
+        kb=$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0); rss=$((rss + ${kb:-0}))
+        kb=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0); hwm=$((hwm + ${kb:-0}))
+        kb=$(awk '/^Pss:/ {print $2}' "/proc/$pid/smaps_rollup" 2>/dev/null || echo 0); pss=$((pss + ${kb:-0}))
+    done
+    printf '%s\t%s\t%d\t%d\t%d\n' "$1" "$2" $((rss / 1024)) $((pss / 1024)) $((hwm / 1024)) >>"$MEMORY"
+}
+
 # --- runs ------------------------------------------------------------------------------------------
+if "$PY" -c "import sys; from minisgl.platform.cpu import cpu_has_native_bf16; sys.exit(not cpu_has_native_bf16())"; then
+    :
+else
+    case " $SERVERS " in *" minisgl-bf16 "*) log "no native bf16 on this CPU: skipping minisgl-bf16" ;; esac
+    SERVERS=$(echo " $SERVERS " | sed 's/ minisgl-bf16 / /' | xargs)
+fi
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for server in $SERVERS; do
     port=$(free_port)
-    log "starting $server on port $port"
+    label=$server
+    case $server in minisgl*) [ -n "$CPU_ISA" ] && label="$server@$CPU_ISA" ;; esac
+    log "starting $label on port $port"
     start_server "$server" "$port"
     for workload in $WORKLOADS; do
-        log "$server $workload: $RUNS runs"
+        log "$label $workload: $RUNS runs"
         # Exit status 1 means some requests failed; the JSON still says which, so keep going.
         "$PY" -m minisgl.bench serve --url "http://127.0.0.1:$port" --preset "$workload" --runs "$RUNS" \
-            --tokenizer local --timeout "$REQUEST_TIMEOUT" --label "$server" --json >>"$RESULTS" \
-            || log "$server $workload: some requests failed (see the table)"
+            --tokenizer local --timeout "$REQUEST_TIMEOUT" --label "$label" --json >>"$RESULTS" \
+            || log "$label $workload: some requests failed (see the table)"
+        memory_of "$label" "$workload"
     done
     stop_server
 done
@@ -138,7 +169,11 @@ report=$WORK/report.md
              "BENCH_OUT (the runs column shows how many runs each row had)"
     fi
     echo "- hardware: $cpu, $ncpu CPUs, $mem RAM; $flags; load average before/after: $load_before / $load_after"
-    echo "- minisgl: \`python -m minisgl --device cpu --dtype float32 ${MINISGL_ARGS:-}\`; minisgl-bf16: the same with \`--dtype bfloat16\` (what \`--dtype auto\` picks on this CPU)"
+    echo "- minisgl: \`python -m minisgl --device cpu --weights auto ${CPU_ISA:+--cpu-isa $CPU_ISA }--num-pages $KV_PAGES ${MINISGL_ARGS:-}\`" \
+         "(auto = gguf: the shipped file's Q4_1/Q8_0 blocks kept, fp32 activations, quantized CPU kernels" \
+         "on the ${CPU_ISA:-best} path); minisgl-f32: the same with \`--weights float32\` (every tensor dequantized);" \
+         "minisgl-bf16: \`--weights bfloat16\` (CPUs with native bf16 only); KV pool: $KV_PAGES pages of 16 tokens" \
+         "(fp32, or bf16), the capacity of llama-server's -c $CTX"
     echo "- peer: llama.cpp llama-server ($LLAMA_VERSION, built from the llama-cpp-python sdist's vendored tree," \
          "Release, GGML_NATIVE) \`-t $THREADS -tb $THREADS -np $SLOTS -cb -c $CTX ${LLAMA_ARGS:-}\`;" \
          "llama-f32: every tensor of the shipped Q4_1 GGUF dequantized to F32 (the weights minisgl runs);" \
@@ -152,6 +187,14 @@ report=$WORK/report.md
     echo
     "$PY" -m minisgl.bench table "$RESULTS"
     echo
+    if [ -s "$MEMORY" ]; then
+        echo "Server memory after each workload, summed over the server's processes (MiB; PSS splits shared pages):"
+        echo
+        echo "| server | workload | RSS | PSS | peak RSS |"
+        echo "|---|---|---|---|---|"
+        awk -F'\t' '{printf "| %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5}' "$MEMORY"
+        echo
+    fi
 } >"$report"
 cat "$report"
 if [ "${NO_APPEND:-0}" != 1 ]; then

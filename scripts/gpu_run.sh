@@ -8,9 +8,13 @@
 #            seed 0, dummy weights), bs=1 decode (128-token prompt, 1024 out), and ablations of the
 #            same workload: --no-overlap-schedule, --no-fused-kernels (UNFUSED=0 skips it), no CUDA graphs
 #   main     the headline run alone
+#   fp8kv    the headline workload with --kv-cache-dtype fp8_e4m3 beside bf16 KV, and bs=1 decode with it
 #   ablate   the other switches, each against the default of the same call: --no-pdl, --no-fold-norms,
 #            --no-triton-gemm, --no-decode-tuned, --no-pad-eager, 8k-token prefill steps
 #   bench8b  Qwen3-8B, the same workload        moe  Qwen3-30B-A3B, the same workload
+#   families issue 22's shapes on the same workload: Gemma-3-1B (5 local : 1 global layers, 512
+#            window) and Phi-4-mini, each beside its decode memory floor (`python -m
+#            minisgl.bench.roofline`: KV + weight bytes over the copy bandwidth measured there)
 #   hf       Hugging Face transformers' continuous batching as a peer (32 seqs)
 #   tp       two GPUs: the TP parity tests, then Qwen3-8B at TP=1 and TP=2
 #   peer     the nano-vllm peer bundle (.peer/run_peer.sh, see shared/peers/nano-vllm) on the same
@@ -134,6 +138,11 @@ if has bench; then
     bench qwen3-0.6b-nograph 90 $W --cuda-graph-max-bs 0
 fi
 has main && ab qwen3-0.6b 110 $W  # the headline run alone
+if has fp8kv; then  # issue 25: the same workload with float8 KV pages, beside the bf16 run of this call
+    bench qwen3-0.6b-bf16kv 110 $W
+    bench qwen3-0.6b-fp8kv 110 $W --kv-cache-dtype fp8_e4m3
+    bench bs1-fp8kv 45 $B1 --kv-cache-dtype fp8_e4m3
+fi
 if has ablate; then  # switches under study, each against the headline run of the same call
     bench qwen3-0.6b-default 110 $W
     for flag in --no-pdl --no-fold-norms --no-triton-gemm --no-decode-tuned --no-pad-eager; do
@@ -145,6 +154,16 @@ if has ablate; then  # switches under study, each against the headline run of th
 fi
 has bench8b && ab qwen3-8b 130 --model configs/qwen3-8b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
 has moe && ab qwen3-30b-a3b 200 --model configs/qwen3-30b-a3b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
+if has families; then  # issue 22: the workload on Gemma-3-1B's and Phi-4-mini's shapes, each with its floor
+    for model in gemma-3-1b-it phi-4-mini-instruct; do
+        FW="--model configs/$model --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0"
+        bench "$model" 150 $FW
+        measured=$(grep "\"run\": \"$model\"" "$OUT/bench.jsonl" | tail -1 | python3 -c \
+            'import json, sys; text = sys.stdin.read().strip(); print(json.loads(text)["output_tok_s"] if text else "")' 2>/dev/null)
+        echo "== $model floor: python -m minisgl.bench.roofline $FW${measured:+ --measured $measured}"
+        run 120 python3 -m minisgl.bench.roofline $FW ${measured:+--measured "$measured"}
+    done
+fi
 has hf && bench hf-peer-32seq 200 --model configs/qwen3-0.6b --dummy-weights --num-seqs 32 --seed 0 --peer hf
 if has tp; then  # two GPUs: TP=2 == TP=1 (fp32 tiny models, NCCL), then Qwen3-8B TP=1 vs TP=2
     if [ "$DRY" = 1 ]; then echo "+ pytest -m gpu tests/golden/test_tp_parity.py"; else

@@ -37,6 +37,8 @@ class ForwardBatch:
     seq_lens_cpu: list[int]
     extend_lens_cpu: list[int]
     sample_idx: torch.Tensor  # [S] int64, token indices (into T) whose logits are needed
+    # [P] int64, token indices whose final hidden states are returned (embedding requests), or None.
+    pool_idx: torch.Tensor | None = None
     attn_meta: Any = field(default=None)  # filled by the attention backend's prepare()
 
     @property

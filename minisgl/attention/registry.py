@@ -23,7 +23,7 @@ def _create_torch(pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int
     return TorchAttnBackend(pool, num_heads, num_kv_heads, head_dim, sm_scale)
 
 
-@ATTN_BACKENDS.register("triton", platforms=("cuda", "cpu-interpret"))
+@ATTN_BACKENDS.register("triton", platforms=("cuda", "cpu-interpret"), windows=True)
 def _create_triton(pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, sm_scale: float) -> BaseAttnBackend:
     if pool.k[0].device.type == "cpu":
         # Only reachable with TRITON_INTERPRET=1 (see select_attn_backend): set the interpreter

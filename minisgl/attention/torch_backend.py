@@ -146,30 +146,38 @@ class TorchAttnBackend(BaseAttnBackend):
             rows, seq_lens = meta.kernel
             q = q.view(-1, self.num_heads, self.head_dim)
             return cpu_attention.decode_attention(q, k_cache, v_cache, batch.token_table, rows, seq_lens, self.sm_scale)
+        # A float8 pool: pages are read in q's dtype unscaled; k's scale joins the softmax scale and
+        # v's scales the output (KVPool), which equals attending over the dequantized pages.
+        scale, v_scale = self.sm_scale, 1.0
+        if self.pool.quantized:
+            scale, v_scale = scale * self.pool.k_scale[layer_id], self.pool.v_scale[layer_id]
         if meta.slots is not None:
-            return self._decode(q, k_cache, v_cache, meta, spec)
-        window = spec.sliding_window
-        plans = meta.plans.get(window)
-        if plans is None:
-            plans = meta.plans[window] = plan_requests(batch, window)
-        return self._extend(q, k_cache, v_cache, plans, spec.logit_cap)
+            out = self._decode(q, k_cache, v_cache, meta, spec, scale)
+        else:
+            window = spec.sliding_window
+            plans = meta.plans.get(window)
+            if plans is None:
+                plans = meta.plans[window] = plan_requests(batch, window)
+            out = self._extend(q, k_cache, v_cache, plans, spec.logit_cap, scale)
+        return out if v_scale == 1.0 else out * v_scale
 
     def _extend(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plans: list[RequestPlan], cap: float | None
-    ) -> torch.Tensor:
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plans: list[RequestPlan],
+        cap: float | None, scale: float,
+    ) -> torch.Tensor:  # fmt: skip
         out = torch.empty_like(q)
         for start, ext_len, slots, mask, causal in plans:
-            ki = k_cache.index_select(0, slots).transpose(0, 1)  # [Hkv, S, D]
-            vi = v_cache.index_select(0, slots).transpose(0, 1)
+            ki = k_cache.index_select(0, slots).to(q.dtype).transpose(0, 1)  # [Hkv, S, D]
+            vi = v_cache.index_select(0, slots).to(q.dtype).transpose(0, 1)
             if ext_len == 1:
                 # One query: its heads grouped by KV head, [Hkv, G, D] against [Hkv, S, D].
                 # 4-D inputs: CPU SDPA takes its flash path (3-D ones fall back to the slower
                 # math path, ~2.4x the time for one query in bf16).
                 qi = q[start].view(1, self.num_kv_heads, self.group, self.head_dim)
                 if cap is None:
-                    oi = F.scaled_dot_product_attention(qi, ki[None], vi[None], scale=self.sm_scale)
+                    oi = F.scaled_dot_product_attention(qi, ki[None], vi[None], scale=scale)
                 else:
-                    oi = capped_attention(qi, ki[None], vi[None], None, False, self.sm_scale, cap)
+                    oi = capped_attention(qi, ki[None], vi[None], None, False, scale, cap)
                 out[start] = oi.reshape(self.num_heads, self.head_dim)
                 continue
             qi = q[start : start + ext_len].transpose(0, 1)  # [Hq, ext, D]
@@ -178,24 +186,25 @@ class TorchAttnBackend(BaseAttnBackend):
                 vi = vi.repeat_interleave(self.group, dim=0)
             if cap is None:
                 oi = F.scaled_dot_product_attention(
-                    qi[None], ki[None], vi[None], attn_mask=mask, is_causal=causal, scale=self.sm_scale
+                    qi[None], ki[None], vi[None], attn_mask=mask, is_causal=causal, scale=scale
                 )[0]
             else:
-                oi = capped_attention(qi, ki, vi, mask, causal, self.sm_scale, cap)
+                oi = capped_attention(qi, ki, vi, mask, causal, scale, cap)
             out[start : start + ext_len] = oi.transpose(0, 1)
         return out
 
     def _decode(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: TorchAttnMeta, spec: AttnLayerSpec
-    ) -> torch.Tensor:
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: TorchAttnMeta,
+        spec: AttnLayerSpec, scale: float,
+    ) -> torch.Tensor:  # fmt: skip
         assert meta.slots is not None and meta.mask is not None
         bsz = q.shape[0]
         # index_select, not k_cache[slots]: on CPU, advanced indexing of a large pool with a 2-D
         # index took ~8 ms per layer for 144 slots here, index_select ~5 us.
         flat = meta.slots.reshape(-1)
         shape = (*meta.slots.shape, *k_cache.shape[1:])
-        k = k_cache.index_select(0, flat).view(shape)  # [B, L, Hkv, D]
-        v = v_cache.index_select(0, flat).view(shape)
+        k = k_cache.index_select(0, flat).view(shape).to(q.dtype)  # [B, L, Hkv, D]
+        v = v_cache.index_select(0, flat).view(shape).to(q.dtype)
         mask = meta.mask
         window = spec.sliding_window
         if window is not None:
@@ -208,9 +217,9 @@ class TorchAttnBackend(BaseAttnBackend):
         # Group query heads by their KV head: [B, Hkv, G, D] against [B, Hkv, L, D].
         qg = q.view(bsz, self.num_kv_heads, self.group, self.head_dim)
         if spec.logit_cap is not None:
-            out = capped_attention(qg, k.transpose(1, 2), v.transpose(1, 2), mask, False, self.sm_scale, spec.logit_cap)
+            out = capped_attention(qg, k.transpose(1, 2), v.transpose(1, 2), mask, False, scale, spec.logit_cap)
         else:
             out = F.scaled_dot_product_attention(
-                qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=self.sm_scale
+                qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale
             )
         return out.reshape(bsz, self.num_heads, self.head_dim)

@@ -5,6 +5,11 @@ split-K decode kernel, which CUDA graphs can capture: its split count is fixed p
 size and its per-request inputs live in static buffers owned here. In a mixed step (a prefill
 chunk with decodes riding along) the one-token rows take the decode kernel too: the extend kernel
 would spend a 64-row tile, and a KV read per q head instead of per KV head, on each of them.
+
+Each layer's `AttnLayerSpec` (`configure_layer`) picks its kernels' variant: a sliding window
+(keys that slid out are masked, and blocks wholly before the window are never read) and a logit
+soft-cap. A model whose every layer is windowed sizes eager decode splits by the window, not the
+sequence. Pages that slid out of a window stay in the pool, as with the torch backend.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minisgl.attention.base import BaseAttnBackend, KVStore
+from minisgl.attention.base import AttnLayerSpec, BaseAttnBackend, KVStore
 from minisgl.attention.batch import ForwardBatch
 from minisgl.kernels.attention import (
     MAX_DECODE_SPLITS,
@@ -30,6 +35,8 @@ from minisgl.kernels.store_kv import store_kv
 from minisgl.kvcache.pool import KVPool
 from minisgl.platform import current, pins_host_memory
 from minisgl.utils.transfer import StagingRing, upload
+
+_PLAIN = AttnLayerSpec()
 
 
 @dataclass(slots=True)
@@ -94,6 +101,17 @@ class TritonAttnBackend(BaseAttnBackend):
         # Captured sizes take their measured launch where there is one (--decode-tuned).
         self.decode_tuned = current().kernels.decode_tuned
         self._graph: _GraphBuffers | None = None
+        self.specs: dict[int, AttnLayerSpec] = {}  # non-plain layers only
+        self.decode_window: int | None = None  # the widest window, when every layer has one
+
+    def configure_layer(self, layer_id: int, spec: AttnLayerSpec) -> None:
+        if spec.is_plain:
+            self.specs.pop(layer_id, None)
+        else:
+            self.specs[layer_id] = spec
+        # Decode reads at most the widest window when every layer has one (else the sequence).
+        windows = [self.specs[i].sliding_window if i in self.specs else None for i in range(len(self.pool.k))]
+        self.decode_window = None if None in windows else max(w for w in windows if w is not None)
 
     def prepare(self, batch: ForwardBatch) -> None:
         if batch.phase == "decode":
@@ -105,7 +123,8 @@ class TritonAttnBackend(BaseAttnBackend):
         """Eager decode of these requests (host lengths `lens`): splits for this batch, fresh
         scratch buffers."""
         batch_size = rows.shape[0]
-        num_splits = decode_num_splits(batch_size, self.num_kv_heads, self.head_dim, max(lens), self.device)
+        span = max(lens) if self.decode_window is None else min(max(lens), self.decode_window)
+        num_splits = decode_num_splits(batch_size, self.num_kv_heads, self.head_dim, span, self.device)
         mid_o, mid_lse = alloc_decode_buffers(batch_size, self.num_heads, self.head_dim, num_splits, self.device)
         order = upload(_longest_first(lens), torch.int32, self.device)
         return TritonDecodeMeta(rows, seq_lens, order, DecodeLaunch(num_splits), mid_o, mid_lse)
@@ -133,8 +152,11 @@ class TritonAttnBackend(BaseAttnBackend):
         max_seq_len = max((batch.seq_lens_cpu[i] for i in many), default=0)
         return TritonExtendMeta(max((lens[i] for i in many), default=0), max_seq_len, split)
 
-    def kv_store(self, layer_id: int, batch: ForwardBatch) -> KVStore:
-        # The fused rotary kernel writes k and v into the pool, saving the store launch per layer.
+    def kv_store(self, layer_id: int, batch: ForwardBatch) -> KVStore | None:
+        # The fused rotary kernel writes k and v into the pool, saving the store launch per layer;
+        # a float8 pool takes them through `store_kv`, which scales and saturates.
+        if self.pool.quantized:
+            return None
         return KVStore(self.pool.k[layer_id], self.pool.v[layer_id], batch.out_loc)
 
     def forward(
@@ -143,13 +165,19 @@ class TritonAttnBackend(BaseAttnBackend):
         k_cache, v_cache = self.pool.k[layer_id], self.pool.v[layer_id]
         if k is not None and v is not None:
             kv_shape = (-1, self.num_kv_heads, self.head_dim)
-            store_kv(k.view(kv_shape), v.view(kv_shape), k_cache, v_cache, batch.out_loc)
+            store_kv(k.view(kv_shape), v.view(kv_shape), k_cache, v_cache, batch.out_loc,
+                     self.pool.k_scale[layer_id], self.pool.v_scale[layer_id])  # fmt: skip
         q = q.view(-1, self.num_heads, self.head_dim)
         meta = batch.attn_meta
+        spec = self.specs.get(layer_id, _PLAIN)
+        # Each layer's variant: its window and soft-cap, and a float8 pool's scales (1.0 otherwise).
+        window, softcap = spec.sliding_window, spec.logit_cap
+        scales = {"k_scale": self.pool.k_scale[layer_id], "v_scale": self.pool.v_scale[layer_id]}
         if isinstance(meta, TritonDecodeMeta):
             return decode_attention(
                 q, k_cache, v_cache, batch.token_table, meta.rows, meta.seq_lens, self.sm_scale,
                 mid_o=meta.mid_o, mid_lse=meta.mid_lse, order=meta.order, **meta.launch._asdict(),
+                window=window, softcap=softcap, **scales,
             )  # fmt: skip
         assert isinstance(meta, TritonExtendMeta), "prepare() did not run for this batch"
         split = meta.split
@@ -157,43 +185,48 @@ class TritonAttnBackend(BaseAttnBackend):
             return extend_attention(
                 q, k_cache, v_cache, batch.token_table, batch.rows, batch.seq_lens, batch.extend_lens,
                 batch.extend_starts, self.sm_scale, max_extend_len=meta.max_extend_len,
-                max_seq_len=meta.max_seq_len,
+                max_seq_len=meta.max_seq_len, window=window, softcap=softcap, **scales,
             )  # fmt: skip
         out = torch.empty_like(q)
         # The extend kernel writes only its requests' rows of `out`; the decode rows go in after.
         extend_attention(
             q, k_cache, v_cache, batch.token_table, split.rows, split.seq_lens, split.extend_lens,
             split.extend_starts, self.sm_scale, max_extend_len=meta.max_extend_len,
-            max_seq_len=meta.max_seq_len, out=out,
+            max_seq_len=meta.max_seq_len, out=out, window=window, softcap=softcap, **scales,
         )  # fmt: skip
         d = split.decode
         decoded = decode_attention(
             q.index_select(0, split.token_idx), k_cache, v_cache, batch.token_table, d.rows, d.seq_lens,
             self.sm_scale, mid_o=d.mid_o, mid_lse=d.mid_lse, order=d.order, **d.launch._asdict(),
+            window=window, softcap=softcap, **scales,
         )  # fmt: skip
         return out.index_copy_(0, split.token_idx, decoded)
 
     def warmup(self, token_table: torch.Tensor, row: int) -> None:
         """Compile the decode kernels for every split count eager decode can pick (a power of two up
         to MAX_DECODE_SPLITS, a compile-time constant), and the extend kernel's launches for short
-        and long sequences: one request of one token at `row`."""
-        q = torch.zeros(1, self.num_heads, self.head_dim, dtype=self.pool.dtype, device=self.device)
+        and long sequences: one request of one token at `row`, once per kind of layer the model
+        has (plain, windowed, soft-capped: each its own kernel variant)."""
+        q = torch.zeros(1, self.num_heads, self.head_dim, dtype=self.pool.compute_dtype, device=self.device)
         rows = torch.full((1,), row, dtype=torch.int64, device=self.device)
         seq_lens = torch.ones(1, dtype=torch.int32, device=self.device)
         order = torch.zeros(1, dtype=torch.int32, device=self.device)
-        splits = 1
-        while splits <= MAX_DECODE_SPLITS:
-            decode_attention(
-                q, self.pool.k[0], self.pool.v[0], token_table, rows, seq_lens, self.sm_scale,
-                num_splits=splits, order=order,
-            )  # fmt: skip
-            splits *= 2
         starts = torch.zeros(1, dtype=torch.int32, device=self.device)
-        for max_seq_len in (1, None):
-            extend_attention(
-                q, self.pool.k[0], self.pool.v[0], token_table, rows, seq_lens, seq_lens, starts, self.sm_scale,
-                max_extend_len=1, max_seq_len=max_seq_len,
-            )  # fmt: skip
+        # Each distinct spec once (a window's value can pick another specialization too).
+        for spec in {self.specs.get(i, _PLAIN) for i in range(len(self.pool.k))}:
+            window, softcap = spec.sliding_window, spec.logit_cap
+            splits = 1
+            while splits <= MAX_DECODE_SPLITS:
+                decode_attention(
+                    q, self.pool.k[0], self.pool.v[0], token_table, rows, seq_lens, self.sm_scale,
+                    num_splits=splits, order=order, window=window, softcap=softcap,
+                )  # fmt: skip
+                splits *= 2
+            for max_seq_len in (1, None):
+                extend_attention(
+                    q, self.pool.k[0], self.pool.v[0], token_table, rows, seq_lens, seq_lens, starts, self.sm_scale,
+                    max_extend_len=1, max_seq_len=max_seq_len, window=window, softcap=softcap,
+                )  # fmt: skip
 
     # --- CUDA graphs (decode only) ---
 
@@ -243,7 +276,7 @@ class TritonAttnBackend(BaseAttnBackend):
 
     def _graph_launch(self, batch_size: int) -> DecodeLaunch:
         return decode_graph_launch(
-            batch_size, self.num_heads, self.num_kv_heads, self.head_dim, self.pool.dtype, self.device,
+            batch_size, self.num_heads, self.num_kv_heads, self.head_dim, self.pool.compute_dtype, self.device,
             tuned=self.decode_tuned,
         )
 

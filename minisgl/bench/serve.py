@@ -4,6 +4,11 @@ EOS ignored. Reports TTFT, ITL (gaps between streamed chunks), TPOT, end-to-end 
 throughput; with --runs K it also names the median run (by output tok/s).
 
     python -m minisgl.bench serve --url http://127.0.0.1:30000 --preset W2 --runs 3
+
+A comma list sweeps one setting (`--concurrency 1,4,16` or `--request-rate 0.5,1,2`): each value
+is a full benchmark of its own (with `--json`, one JSON line each). `--plot out.png` draws TTFT
+and ITL distributions and, for a sweep, throughput against the swept value (bench/plot.py,
+needs matplotlib).
 """
 
 from __future__ import annotations
@@ -17,13 +22,16 @@ import sys
 import time
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
+from minisgl.bench import plot
+from minisgl.bench.plot import SweepAxis
+from minisgl.bench.serve_stats import (  # noqa: F401  (also imported from here)
+    RequestResult, RunSummary, Stats, median_run, percentile, report, stats_ms, summarize, sweep_report,
+)
 from minisgl.bench.serve_workload import (
     PRESETS, BenchRequest, TokenCounter, WorkloadConfig, arrival_offsets, build_workload,
 )
-
-UsageSource = Literal["usage", "chunks"]
 
 
 def _http() -> ModuleType:
@@ -79,19 +87,6 @@ def parse_sse_line(line: str) -> SseEvent | None:
 
 # ---------------------------------------------------------------------------------------------
 # Per-request measurement
-
-
-@dataclass(slots=True)
-class RequestResult:
-    prompt_len: int
-    ok: bool = False
-    ttft: float | None = None  # seconds from send to the first chunk with text
-    e2e: float = 0.0
-    itls: list[float] = dataclasses.field(default_factory=list)  # gaps between text chunks
-    output_tokens: int = 0
-    prompt_tokens: int | None = None  # from the server's usage, when given
-    usage_source: UsageSource = "chunks"
-    error: str | None = None
 
 
 def completion_body(request: BenchRequest, model: str, extra: dict[str, Any]) -> dict[str, Any]:
@@ -152,91 +147,6 @@ async def _stream(client: Any, url: str, body: dict[str, Any], result: RequestRe
 
 
 # ---------------------------------------------------------------------------------------------
-# Statistics
-
-
-class Stats(NamedTuple):
-    mean: float
-    p50: float
-    p90: float
-    p99: float
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default method)."""
-    if not values:
-        raise ValueError("percentile of no values")
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def stats_ms(values: list[float]) -> Stats | None:
-    if not values:
-        return None
-    ms = [v * 1000 for v in values]
-    return Stats(sum(ms) / len(ms), percentile(ms, 50), percentile(ms, 90), percentile(ms, 99))
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    completed: int
-    failed: int
-    duration_s: float
-    input_tokens: int  # from usage where given, else the calibrated lengths
-    output_tokens: int
-    output_tok_s: float
-    request_s: float
-    ttft_ms: Stats | None
-    itl_ms: Stats | None
-    tpot_ms: Stats | None  # (e2e - ttft) / (output tokens - 1), per request
-    e2e_ms: Stats | None
-    usage_source: Literal["usage", "chunks", "mixed", "none"]
-    short_outputs: int  # completed with fewer tokens than requested (EOS not ignored?)
-    errors: tuple[str, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
-            value = getattr(self, key)
-            out[key] = None if value is None else {k: round(v, 2) for k, v in value._asdict().items()}
-        out["errors"] = list(self.errors)
-        return out
-
-
-def summarize(results: list[RequestResult], duration: float, output_len: list[int]) -> RunSummary:
-    done = [r for r in results if r.ok]
-    sources = {r.usage_source for r in done}
-    source: Literal["usage", "chunks", "mixed", "none"] = (
-        "none" if not sources else "mixed" if len(sources) > 1 else next(iter(sources))
-    )
-    output_tokens = sum(r.output_tokens for r in done)
-    tpots = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in done if r.ttft is not None and r.output_tokens > 1]
-    errors = tuple(dict.fromkeys(r.error for r in results if r.error is not None))[:5]
-    return RunSummary(
-        completed=len(done), failed=len(results) - len(done), duration_s=duration,
-        input_tokens=sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len for r in done),
-        output_tokens=output_tokens,
-        output_tok_s=output_tokens / duration if duration > 0 else 0.0,
-        request_s=len(done) / duration if duration > 0 else 0.0,
-        ttft_ms=stats_ms([r.ttft for r in done if r.ttft is not None]),
-        itl_ms=stats_ms([gap for r in done for gap in r.itls]),
-        tpot_ms=stats_ms(tpots), e2e_ms=stats_ms([r.e2e for r in done]),
-        usage_source=source,
-        short_outputs=sum(1 for r, n in zip(results, output_len) if r.ok and r.output_tokens < n),
-        errors=errors,
-    )
-
-
-def median_run(runs: list[RunSummary]) -> RunSummary:
-    """The run with the median output throughput (the lower middle one for an even count)."""
-    ordered = sorted(runs, key=lambda run: run.output_tok_s)
-    return ordered[(len(ordered) - 1) // 2]
-
-
-# ---------------------------------------------------------------------------------------------
 # Driving a server
 
 
@@ -251,6 +161,13 @@ class ClientConfig:
 
 
 async def run_once(config: ClientConfig, requests: list[BenchRequest], seed: int) -> RunSummary:
+    return (await run_detailed(config, requests, seed))[0]
+
+
+async def run_detailed(
+    config: ClientConfig, requests: list[BenchRequest], seed: int
+) -> tuple[RunSummary, list[RequestResult]]:
+    """One run: its summary and every request's own measurements (for plots)."""
     http = _http()
     slots = config.concurrency + 2
     limits = http.Limits(max_connections=slots, max_keepalive_connections=slots)
@@ -270,7 +187,7 @@ async def run_once(config: ClientConfig, requests: list[BenchRequest], seed: int
 
         results = await asyncio.gather(*(one(r, o) for r, o in zip(requests, offsets)))
         duration = time.perf_counter() - start
-    return summarize(list(results), duration, [r.output_len for r in requests])
+    return summarize(list(results), duration, [r.output_len for r in requests]), list(results)
 
 
 def server_token_counter(url: str, timeout: float = 30.0) -> TokenCounter | None:
@@ -328,8 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="; ".join(f"{k}: {v.description}" for k, v in PRESETS.items()))
     p.add_argument("--num-requests", type=int, default=None, help="(default: preset, else 32)")
-    p.add_argument("--concurrency", type=int, default=None, help="requests in flight at most (default: preset, else 32)")
-    p.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals per second (default: all at once)")
+    p.add_argument("--concurrency", default=None,
+                   help="requests in flight at most (default: preset, else 32); a comma list sweeps it")
+    p.add_argument("--request-rate", default=None,
+                   help="Poisson arrivals per second (default: all at once); a comma list sweeps it")
     p.add_argument("--min-input", type=int, default=None, help="prompt tokens, or question tokens with a shared prefix")
     p.add_argument("--max-input", type=int, default=None)
     p.add_argument("--output-len", type=int, default=None)
@@ -344,11 +263,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0, help="per-request limit in seconds")
     p.add_argument("--extra-body", default="{}", help="JSON merged into every request body")
     p.add_argument("--label", default=None, help="name of the server in the output")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a report")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (one line per swept value) instead of a report")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="write TTFT/ITL distributions (and a sweep's throughput) to this PNG; needs matplotlib")
     return p
 
 
-def _resolve(args: argparse.Namespace) -> tuple[WorkloadConfig, int]:
+class SweepPoint(NamedTuple):
+    concurrency: int
+    request_rate: float | None
+
+
+def _resolve(args: argparse.Namespace) -> tuple[WorkloadConfig, list[SweepPoint], SweepAxis | None]:
     preset = PRESETS[args.preset] if args.preset else PRESETS["W2"]
 
     def pick(value: int | None, default: int) -> int:
@@ -360,44 +287,65 @@ def _resolve(args: argparse.Namespace) -> tuple[WorkloadConfig, int]:
         output_len=pick(args.output_len, preset.output_len),
         shared_prefix=pick(args.shared_prefix, preset.shared_prefix), seed=args.seed,
     )
-    concurrency = pick(args.concurrency, preset.concurrency)
-    if concurrency < 1 or args.runs < 1 or args.timeout <= 0:
+    concurrencies: list[int] = _values(args.concurrency, int, "--concurrency") or [preset.concurrency]
+    rates: list[float | None] = [*_values(args.request_rate, float, "--request-rate")] or [None]
+    if min(concurrencies) < 1 or args.runs < 1 or args.timeout <= 0:
         raise ValueError("--concurrency and --runs must be >= 1, --timeout > 0")
-    return workload, concurrency
+    if any(rate is not None and not rate > 0 for rate in rates):
+        raise ValueError("--request-rate must be > 0")
+    if len(concurrencies) > 1 and len(rates) > 1:
+        raise ValueError("sweep one of --concurrency and --request-rate, not both")
+    axis: SweepAxis | None = "concurrency" if len(concurrencies) > 1 else "request_rate" if len(rates) > 1 else None
+    return workload, [SweepPoint(c, r) for c in concurrencies for r in rates], axis
 
 
-def _fmt(stats: Stats | None) -> str:
-    return "     n/a" if stats is None else "".join(f"{v:9.1f}" for v in stats)
+def _values(text: str | None, kind: type[int | float], flag: str) -> list[Any]:
+    """`4` or `1,2,8`: the values of a flag that may sweep."""
+    if text is None:
+        return []
+    try:
+        return [kind(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} takes a number or a comma list of numbers, got {text!r}") from None
 
 
-def report(result: dict[str, Any], runs: list[RunSummary], median: RunSummary) -> str:
-    work = result["workload"]
-    prefix = f"{work['shared_prefix']}-token shared prefix + " if work["shared_prefix"] else ""
-    lines = [f"{result['label']} {result['preset'] or 'custom'} @ {result['url']}  model={result['model']}  "
-             f"tokenizer={result['tokenizer']}",
-             f"{work['num_requests']} requests, concurrency {result['concurrency']}, {prefix}"
-             f"{work['min_input']}-{work['max_input']} input tokens, {work['output_len']} output tokens"]
-    for i, run in enumerate(runs):
-        lines.append(f"run {i + 1}/{len(runs)}: {run.completed} ok, {run.failed} failed, {run.duration_s:.1f} s, "
-                     f"{run.output_tok_s:.1f} output tok/s")
-    lines.append(f"median run: {median.output_tok_s:.1f} output tok/s, {median.request_s:.2f} req/s, "
-                 f"{median.input_tokens} input / {median.output_tokens} output tokens (counted from {median.usage_source})")
-    lines.append(f"{'(ms)':6}{'mean':>9}{'p50':>9}{'p90':>9}{'p99':>9}")
-    for name, stats in (("TTFT", median.ttft_ms), ("ITL", median.itl_ms), ("TPOT", median.tpot_ms), ("E2E", median.e2e_ms)):
-        lines.append(f"{name:6}{_fmt(stats)}")
-    if median.short_outputs:
-        lines.append(f"warning: {median.short_outputs} requests stopped before their output length (EOS not ignored?)")
-    for error in median.errors:
-        lines.append(f"error: {error}")
-    return "\n".join(lines)
+def point_label(point: SweepPoint, axis: SweepAxis | None) -> str:
+    if axis == "request_rate":
+        return f"{point.request_rate:g} req/s"
+    return f"concurrency {point.concurrency}"
+
+
+class PointOutcome(NamedTuple):
+    result: dict[str, Any]  # what --json prints for the point
+    runs: list[RunSummary]
+    median: RunSummary
+    requests: list[RequestResult]  # of the median run
+
+
+def run_point(base: ClientConfig, point: SweepPoint, workloads: list[list[BenchRequest]], first_seed: int,
+              where: str) -> PointOutcome:  # fmt: skip
+    config = dataclasses.replace(base, concurrency=point.concurrency, request_rate=point.request_rate)
+    runs, details = [], []
+    for k, requests in enumerate(workloads):
+        summary, per_request = asyncio.run(run_detailed(config, requests, first_seed + k))
+        runs.append(summary)
+        details.append(per_request)
+        print(f"[bench] run {k + 1}/{len(workloads)}{where}: {summary.output_tok_s:.1f} output tok/s, "
+              f"{summary.failed} failed", file=sys.stderr)
+    median = median_run(runs)
+    result = {"concurrency": point.concurrency, "request_rate": point.request_rate,
+              "runs": [run.to_dict() for run in runs], "median_run": runs.index(median), "median": median.to_dict()}
+    return PointOutcome(result, runs, median, details[runs.index(median)])
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
-        workload, concurrency = _resolve(args)
+        workload, points, axis = _resolve(args)
         extra_body = json.loads(args.extra_body)
-    except (ValueError, json.JSONDecodeError) as exc:
+        if args.plot:
+            plot.pyplot()  # without matplotlib, say so before the benchmark rather than after it
+    except (ValueError, RuntimeError) as exc:  # a JSONDecodeError is a ValueError
         print(f"error: {exc}", file=sys.stderr)
         return 2
     url = args.url.rstrip("/")
@@ -408,20 +356,37 @@ def main(argv: list[str]) -> int:
     tokenizer = "server" if counter is not None else "local"
     if counter is None:
         counter = local_token_counter(args.tokenizer_model)
-    workloads = [build_workload(dataclasses.replace(workload, seed=args.seed + k), counter) for k in range(args.runs)]
-    config = ClientConfig(url, args.model or served_model_name(url), concurrency, args.request_rate, args.timeout, extra_body)
-    _warm_up(config, args.warmup)
-    runs = []
-    for k, requests in enumerate(workloads):
-        runs.append(asyncio.run(run_once(config, requests, args.seed + k)))
-        print(f"[bench] run {k + 1}/{args.runs}: {runs[-1].output_tok_s:.1f} output tok/s, "
-              f"{runs[-1].failed} failed", file=sys.stderr)
-    median = median_run(runs)
-    result: dict[str, Any] = {
-        "label": args.label or url, "url": url, "model": config.model, "preset": args.preset,
-        "workload": dataclasses.asdict(workload), "concurrency": concurrency, "request_rate": args.request_rate,
-        "tokenizer": tokenizer, "runs": [run.to_dict() for run in runs],
-        "median_run": runs.index(median), "median": median.to_dict(),
-    }
-    print(json.dumps(result) if args.json else report(result, runs, median), flush=True)
-    return 1 if any(run.failed for run in runs) else 0
+    base = ClientConfig(url, args.model or served_model_name(url), points[0].concurrency, points[0].request_rate,
+                        args.timeout, extra_body)  # fmt: skip
+    _warm_up(base, args.warmup)
+    outcomes: list[PointOutcome] = []
+    for p, point in enumerate(points):
+        first_seed = args.seed + p * args.runs  # every run of every point gets prompts of its own
+        workloads = [build_workload(dataclasses.replace(workload, seed=first_seed + k), counter)
+                     for k in range(args.runs)]  # fmt: skip
+        outcome = run_point(base, point, workloads, first_seed, f" ({point_label(point, axis)})" if axis else "")
+        outcome.result.update({"label": args.label or url, "url": url, "model": base.model, "preset": args.preset,
+                               "workload": dataclasses.asdict(workload), "tokenizer": tokenizer})  # fmt: skip
+        if axis:
+            outcome.result["sweep"] = axis
+        outcomes.append(outcome)
+    if args.json:
+        print("\n".join(json.dumps(o.result) for o in outcomes), flush=True)
+    else:
+        texts = [report(o.result, o.runs, o.median) for o in outcomes]
+        if axis:
+            texts.append(sweep_report(axis, [(point_label(pt, axis), o.median) for pt, o in zip(points, outcomes)]))
+        print("\n\n".join(texts), flush=True)
+    if args.plot:
+        series = [_series(point, axis, o) for point, o in zip(points, outcomes)]
+        title = f"{args.label or url}  {args.preset or 'custom'}  model={base.model}"
+        print(f"[bench] plot: {plot.plot_bench(series, args.plot, title, axis)}", file=sys.stderr)
+    return 1 if any(run.failed for o in outcomes for run in o.runs) else 0
+
+
+def _series(point: SweepPoint, axis: SweepAxis | None, outcome: PointOutcome) -> plot.PlotSeries:
+    done = [r for r in outcome.requests if r.ok]
+    x = point.request_rate if axis == "request_rate" and point.request_rate is not None else point.concurrency
+    return plot.PlotSeries(point_label(point, axis), float(x), tuple(r.ttft for r in done if r.ttft is not None),
+                           tuple(gap for r in done for gap in r.itls), outcome.median.output_tok_s,
+                           outcome.median.request_s)  # fmt: skip

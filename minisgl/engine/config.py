@@ -6,6 +6,16 @@ from typing import Literal, get_args
 from minisgl.platform.kernel_config import KernelConfig
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
+# How a GGUF model's weights are held. "gguf": the linear layers (and the embedding / LM head)
+# keep the file's quantized blocks and multiply with fp32 activations through the quantized CPU
+# kernels (TP=1, CPU); "float32" / "bfloat16": every tensor dequantized, the model in that dtype
+# (float32: the exact-vs-Hugging Face mode). "auto": gguf for a .gguf model (or the embedded one)
+# on CPU at one rank with --dtype auto and real weights; else the dtype's (an explicit --dtype
+# float32 is the dequantized fp32 model, as before). Resolved, it is "gguf" or the model's dtype.
+Weights = Literal["auto", "gguf", "float32", "bfloat16", "float16"]
+KVCacheDType = Literal["auto", "fp8_e4m3"]
+# What the engine serves: text generation, or embeddings (models/pooling.py); auto: the checkpoint says.
+EngineTask = Literal["auto", "generate", "embed"]
 
 
 @dataclass(frozen=True)
@@ -16,9 +26,16 @@ class EngineConfig:
     model: str | None = None  # None: the embedded default model
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     dtype: DType = "auto"  # auto: the platform's (bf16 on CUDA and on CPUs with native bf16)
+    weights: Weights = "auto"  # see Weights
     page_size: int = 16
     num_pages: int | None = None  # None: derived from memory_fraction / kv_cache_gb
     kv_cache_gb: float | None = None  # explicit KV budget (GiB); wins over memory_fraction
+    # KV pool element type: "auto" = the model dtype; "fp8_e4m3" = float8 pages with per-layer
+    # scales (the checkpoint's, else 1.0): half the bytes of bf16, twice the tokens per GiB.
+    kv_cache_dtype: KVCacheDType = "auto"
+    # float8 KV without scales in the checkpoint: measure them at start (engine/kv_scales.py);
+    # False: every scale 1.0 (vLLM's default).
+    calculate_kv_scales: bool = True
     memory_fraction: float = 0.85  # fraction of free device memory (CUDA) the engine may hold
     dummy_weights: bool = False
     attn: str | None = None  # attention backend name; None: platform default
@@ -32,13 +49,27 @@ class EngineConfig:
     # shapes it has seen before (engine/engine.py: padded_rows). None: the platform's choice (CUDA).
     pad_eager: bool | None = None
     kernels: KernelConfig = field(default_factory=KernelConfig)
+    task: EngineTask = "auto"
 
     def __post_init__(self) -> None:
+        if self.task not in get_args(EngineTask):
+            raise ValueError(f"unknown task {self.task!r}: use one of {', '.join(get_args(EngineTask))}")
         if self.dtype not in get_args(DType):
             raise ValueError(f"unknown dtype {self.dtype!r}: use one of {', '.join(get_args(DType))}")
+        if self.weights not in get_args(Weights):
+            raise ValueError(f"unknown weights {self.weights!r}: use one of {', '.join(get_args(Weights))}")
+        if self.kv_cache_dtype not in get_args(KVCacheDType):
+            raise ValueError(
+                f"unknown kv_cache_dtype {self.kv_cache_dtype!r}: use one of {', '.join(get_args(KVCacheDType))}"
+            )
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.num_pages is not None and self.num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
         if self.tp_size < 1 or not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"bad tensor-parallel rank {self.tp_rank} of {self.tp_size}")
+
+    @property
+    def gguf_model(self) -> bool:
+        """A GGUF file (or the embedded default, which is one)."""
+        return self.model is None or self.model.endswith(".gguf")

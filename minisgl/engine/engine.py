@@ -15,7 +15,7 @@ import torch
 
 from minisgl.attention.base import BaseAttnBackend
 from minisgl.attention.batch import ForwardBatch
-from minisgl.attention.registry import ATTN_BACKENDS, runs_windows
+from minisgl.attention.registry import ATTN_BACKENDS
 from minisgl.core import Req, SamplingParams
 from minisgl.engine.graph import Runner, padded_rows
 from minisgl.distributed import TPInfo, get_tp_info, set_tp_info
@@ -23,11 +23,13 @@ from minisgl.engine.config import EngineConfig
 from minisgl.engine.resolve import resolve
 from minisgl.engine.grammar import GrammarState, bitmask_width
 from minisgl.engine.penalties import PenaltyTracker
+from minisgl.engine.pooling import PooledRows
 from minisgl.engine.sampler import LogitsControls, Sampler, SamplingBatch, TokenLogprobs, token_logprobs
 from minisgl.utils.transfer import StagingRing, upload, upload_many
-from minisgl.kvcache.pool import KVPool
+from minisgl.kvcache.pool import KV_CACHE_DTYPES, KVPool
 from minisgl.layers.attention import AttentionLayer
 from minisgl.models.config import ModelConfig
+from minisgl.models.pooling import resolve_task
 from minisgl.platform import init_platform
 from minisgl.utils.logging import get_logger
 
@@ -98,6 +100,7 @@ class LaunchedStep:
     logprobs: TokenLogprobs | None = None
     prompt_chunks: list[PromptChunk] = field(default_factory=list)
     prompt_logprobs: TokenLogprobs | None = None  # rows: the chunks' targets, in order
+    pooled: PooledRows | None = None  # embedding requests that completed their prompt, and their vectors
 
     def result(self) -> list[int]:
         if self.event is not None:
@@ -138,9 +141,10 @@ class ForwardOut:
 
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
+        from minisgl.models.gguf_weights import load_gguf_weights
         from minisgl.models.loader import init_dummy_weights, load_weights
         from minisgl.models.registry import build_model
-        from minisgl.models.source import resolve_model_dir
+        from minisgl.models.source import gguf_file, resolve_model_dir
 
         self.platform = init_platform(config.device)
         # Every `auto` choice made once; the layers built below read the kernel choices.
@@ -149,8 +153,12 @@ class Engine:
         self.platform.set_device()
         self.device = self.platform.device
         set_tp_info(TPInfo(config.tp_rank, config.tp_size))
-        self.model_dir: Path = resolve_model_dir(config.model)
-        self.model_config = _fit_windows(ModelConfig.from_dir(self.model_dir), config)
+        self.model_dir: Path = resolve_model_dir(config.model, float_weights=config.weights != "gguf")
+        self.model_config = ModelConfig.from_dir(self.model_dir)
+        # Embeddings (models/pooling.py): the model runs without its LM head, and never decodes.
+        self.task, self.pooler = resolve_task(config.task, self.model_dir, self.model_config)
+        if self.task == "embed":
+            self.model_config = replace(self.model_config, has_lm_head=False)
         self.dtype = _DTYPES[config.dtype]
         self.context_len = self.model_config.serving_context_len(config.max_model_len)
         if self.context_len < self.model_config.context_len:
@@ -171,10 +179,13 @@ class Engine:
                 self.model = build_model(self.model_config)
         finally:
             torch.set_default_dtype(default_dtype)
+        kv_scales: dict[int, tuple[float, float]] = {}
         if config.dummy_weights:
             init_dummy_weights(self.model, config.seed)
+        elif config.weights == "gguf":  # the GGUF's blocks kept as they are (models/gguf_weights.py)
+            load_gguf_weights(self.model, gguf_file(config.model))
         else:
-            load_weights(self.model, self.model_dir)
+            kv_scales = load_weights(self.model, self.model_dir)
         self.model.eval()
 
         self.pool = self._make_pool()
@@ -184,9 +195,7 @@ class Engine:
         )
         assert config.attn is not None
         attn_name = config.attn
-        tp = get_tp_info()
-        num_heads = self.model_config.num_heads // tp.size
-        num_kv_heads = max(1, self.model_config.num_kv_heads // tp.size)
+        num_heads, num_kv_heads = self.attn_shape
         self.attn_backend = ATTN_BACKENDS.get(attn_name)(
             self.pool, num_heads, num_kv_heads, self.model_config.head_dim, self.model_config.softmax_scale
         )
@@ -194,10 +203,6 @@ class Engine:
         for module in self.model.modules():
             if isinstance(module, AttentionLayer):  # each layer tells the backend its window / soft-cap
                 module.bind(self.attn_backend)
-        # Fewer kernels per layer where the Triton kernels finish the RMSNorms (models/llama.py).
-        fold = getattr(self.model, "fold_norms", None)
-        if config.kernels.fold_norms and fold is not None and fold():
-            logger.info("RMSNorm weights folded into the qkv and gate_up projections")
         self.sampler = Sampler(fused=config.kernels.fused_kernels, seed=config.seed)
         self.penalties = PenaltyTracker(self.model_config.vocab_size, self.device)
         # Reused host staging and events (allocating pinned memory or CUDA events per step costs
@@ -208,6 +213,13 @@ class Engine:
         self._events = [self.platform.new_event(), self.platform.new_event()]
         self._step_parity = 0
         self.pad_eager = bool(config.pad_eager)
+        if self.pool.quantized:  # before folding (it runs the plain layers) and graph capture
+            self._set_kv_scales(kv_scales)
+        # Fewer kernels per layer where the Triton kernels finish the RMSNorms (models/llama.py).
+        fold = getattr(self.model, "fold_norms", None)
+        # Not over a float8 pool: folding needs the rotary kernel's own KV store, which does not scale.
+        if config.kernels.fold_norms and not self.pool.quantized and fold is not None and fold():
+            logger.info("RMSNorm weights folded into the qkv and gate_up projections")
         self.runner = self._make_runner()
         if self.platform.compiles_triton:  # compiled kernels only (the CPU interpreter compiles nothing)
             self.attn_backend.warmup(self.token_table, self.scratch_row)
@@ -217,12 +229,32 @@ class Engine:
             self.pool.num_pages, self.pool.page_size, attn_name,
         )
 
+    @property
+    def attn_shape(self) -> tuple[int, int]:
+        """This rank's query and KV head counts."""
+        tp = get_tp_info()
+        return self.model_config.num_heads // tp.size, max(1, self.model_config.num_kv_heads // tp.size)
+
+    def _set_kv_scales(self, from_checkpoint: dict[int, tuple[float, float]]) -> None:
+        """A float8 pool's per-layer scales: the checkpoint's, else measured (engine/kv_scales.py)
+        unless `calculate_kv_scales` is off (then 1.0)."""
+        source = "scales 1.0"
+        if from_checkpoint:
+            self.pool.set_scales(from_checkpoint)
+            source = f"the checkpoint's scales ({len(from_checkpoint)} layers)"
+        elif self.config.calculate_kv_scales:
+            from minisgl.engine.kv_scales import calibrate
+
+            source = calibrate(self, lambda req, slots: self.build_batch(StepPlan([req], slots))[0])
+        logger.info("KV cache in %s with %s", self.config.kv_cache_dtype, source)
+
     # ----------------------------------------------------------------------------------------
     def _make_pool(self) -> KVPool:
         cfg, mc = self.config, self.model_config
         tp = get_tp_info()
         kv_heads = max(1, mc.num_kv_heads // tp.size)
-        per_page = KVPool.bytes_per_page(mc.num_layers, cfg.page_size, kv_heads, mc.head_dim, self.dtype)
+        kv_dtype = KV_CACHE_DTYPES.get(cfg.kv_cache_dtype, self.dtype)
+        per_page = KVPool.bytes_per_page(mc.num_layers, cfg.page_size, kv_heads, mc.head_dim, kv_dtype)
         if cfg.num_pages is not None:
             num_pages = cfg.num_pages
         else:
@@ -241,14 +273,14 @@ class Engine:
                     pages = torch.tensor([num_pages], dtype=torch.int64, device=self.device)
                     dist.all_reduce(pages, op=dist.ReduceOp.MIN)
                     num_pages = int(pages.item())
-        return KVPool(mc.num_layers, num_pages, cfg.page_size, kv_heads, mc.head_dim, self.dtype, self.device)
+        return KVPool(mc.num_layers, num_pages, cfg.page_size, kv_heads, mc.head_dim, kv_dtype, self.device, self.dtype)
 
     def _make_runner(self) -> "Runner":
         from minisgl.engine.graph import EagerRunner, GraphRunner
 
         max_bs = min(self.config.cuda_graph_max_bs, self.config.max_running_requests)
         graphs_ok = type(self.attn_backend).init_graph_state is not BaseAttnBackend.init_graph_state
-        if self.platform.supports_graphs and max_bs > 0 and graphs_ok:
+        if self.platform.supports_graphs and max_bs > 0 and graphs_ok and self.task == "generate":
             return GraphRunner(
                 self.model, self.attn_backend, self.token_table, max_bs,
                 self.scratch_row, self.pool.scratch_slot, self.device,
@@ -276,6 +308,8 @@ class Engine:
         rows_per_token: list[int] = []
         rows, seq_lens, ext_lens, starts, sample_idx = [], [], [], [], []
         sampled: list[Req] = []
+        pool_idx: list[int] = []
+        pooled: list[Req] = []
         prompt_chunks: list[PromptChunk] = []
         prompt_idx: list[int] = []
         prompt_targets: list[int] = []
@@ -303,11 +337,15 @@ class Engine:
             seq_lens.append(end)
             ext_lens.append(ext)
             if end == prompt_len + len(req.output_ids):
-                sample_idx.append(len(input_ids) - 1)
-                sampled.append(req)
+                if req.pooling is None:
+                    sample_idx.append(len(input_ids) - 1)
+                    sampled.append(req)
+                else:  # an embedding request's last prompt token: its hidden state, no sampling
+                    pool_idx.append(len(input_ids) - 1)
+                    pooled.append(req)
         assert len(plan.out_loc) == len(input_ids)
         # Decode (the graph path) only when every token is a request's sampled token, in order.
-        decode = len(input_ids) == len(ext_lens) == len(sample_idx) and not prompt_idx
+        decode = len(input_ids) == len(ext_lens) == len(sample_idx) and not prompt_idx and not pool_idx
         out_loc_list = plan.out_loc
         logits_idx = sample_idx + prompt_idx
         num_logits = len(logits_idx)
@@ -353,8 +391,9 @@ class Engine:
             seq_lens_cpu=seq_lens,
             extend_lens_cpu=ext_lens,
             sample_idx=sample_t,
+            pool_idx=upload(pool_idx, torch.int64, self.device) if pool_idx else None,
         )
-        return _Built(batch, sampled, prompt_chunks, targets_t, num_logits)
+        return _Built(batch, sampled, prompt_chunks, targets_t, num_logits, pooled)
 
     @torch.inference_mode()
     def forward_logits(self, batch: ForwardBatch) -> torch.Tensor:
@@ -370,7 +409,15 @@ class Engine:
             self.penalties.release(plan.released_rids)
         built = self._build(plan, prev, pad=self.pad_eager)
         sampled = built.sampled
-        logits = self.forward_logits(built.batch)[: built.num_logits]
+        pooled = None
+        if self.pooler is not None:  # an embedding model (no LM head): hidden states of the last prompt tokens
+            logits, hidden = self.runner.run_pooled(built.batch)
+            if built.pooled:
+                pooled = PooledRows(built.pooled, hidden.float().to("cpu", non_blocking=True), self.pooler.normalize)
+        else:
+            assert not built.pooled, "embedding requests reach an engine serving embeddings only"
+            logits = self.forward_logits(built.batch)
+        logits = logits[: built.num_logits]
         num_sampled = len(sampled)
         prompt_lp = None
         if built.prompt_chunks:
@@ -378,7 +425,7 @@ class Engine:
             prompt_lp = _host_copy(_chunked_logprobs(logits[num_sampled:], built.prompt_targets, top_k))
         if not sampled and prompt_lp is None:
             empty = torch.empty(0, dtype=torch.int64, device=self.device)
-            return LaunchedStep([], empty, empty.cpu(), None)
+            return LaunchedStep([], empty, empty.cpu(), self._record(pooled) if pooled else None, pooled=pooled)
         logits = logits[:num_sampled]
         params = [req.sampling for req in sampled]
         output_lens = [req.output_len for req in sampled]
@@ -396,10 +443,18 @@ class Engine:
             token_lp = _host_copy(token_logprobs(logits[index], tokens[index], top_k))
         host = self._token_staging.take(tokens.numel())
         host.copy_(tokens, non_blocking=True)
+        event = self._record(pooled)
+        return LaunchedStep(sampled, tokens, host, event, logprob_rows, token_lp, built.prompt_chunks, prompt_lp,
+                            pooled)  # fmt: skip
+
+    def _record(self, pooled: PooledRows | None) -> Any:
+        """Record this step's event (its host copies are valid once it completes)."""
         event = self._events[self._step_parity]
         self._step_parity ^= 1
         event.record()
-        return LaunchedStep(sampled, tokens, host, event, logprob_rows, token_lp, built.prompt_chunks, prompt_lp)
+        if pooled is not None:
+            pooled.event = event
+        return event
 
     def _controls(
         self, sampled: list[Req], params: list[SamplingParams], output_lens: list[int], grammars: dict[int, GrammarState]
@@ -436,27 +491,10 @@ class _Built(NamedTuple):
     prompt_chunks: list[PromptChunk]
     prompt_targets: torch.Tensor  # [sum of chunk counts] int64 on the device
     num_logits: int  # logits rows before padding: the sampled tokens, then the prompt-logprob rows
+    pooled: list[Req]  # embedding requests whose last prompt token is in this step (`batch.pool_idx`)
 
 
 def _chunked_logprobs(logits: torch.Tensor, targets: torch.Tensor, top_k: int, rows: int = 1024) -> TokenLogprobs:
     """token_logprobs over many prompt rows, a block at a time (bounds the float32 temporaries)."""
     parts = [token_logprobs(logits[i : i + rows], targets[i : i + rows], top_k) for i in range(0, len(targets), rows)]
     return TokenLogprobs(*(torch.cat(column) for column in zip(*parts)))
-
-
-def _fit_windows(model_config: ModelConfig, config: EngineConfig) -> ModelConfig:
-    """A model whose every layer has the same sliding window (Mistral v0.1) runs exactly on a
-    backend without window support when no sequence outgrows the window: the served context is
-    capped at the window (with a warning naming the backend that serves it all). Models mixing
-    local and global layers, or with soft-capped logits, are refused by the backend at bind."""
-    assert config.attn is not None
-    window = model_config.sliding_window
-    if window is None or runs_windows(config.attn) or model_config.attn_logit_softcap is not None:
-        return model_config
-    if any(model_config.layer_window(i) != window for i in range(model_config.num_layers)):
-        return model_config
-    limit = min(window, model_config.context_len)
-    logger.warning("the %s attention backend has no sliding windows: serving %d tokens (the window) "
-                   "instead of %d; --attn torch serves the whole context", config.attn, limit,
-                   model_config.context_len)  # fmt: skip
-    return replace(model_config, sliding_window=None, context_len=limit)

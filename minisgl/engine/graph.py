@@ -24,6 +24,8 @@ logger = get_logger(__name__)
 class Runner(Protocol):
     def run(self, batch: ForwardBatch) -> torch.Tensor: ...
 
+    def run_pooled(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]: ...
+
 
 class EagerRunner:
     def __init__(self, model: nn.Module, backend: BaseAttnBackend) -> None:
@@ -35,6 +37,18 @@ class EagerRunner:
         with forward_context(batch):
             hidden = self.model(batch.input_ids, batch.positions)
         return self.model.compute_logits(hidden[batch.sample_idx])
+
+    def run_pooled(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits of `batch.sample_idx`, final hidden states of `batch.pool_idx`): a step of an
+        embedding model. Without sampled rows no logits are computed (an embedding model has
+        no LM head)."""
+        self.backend.prepare(batch)
+        with forward_context(batch):
+            hidden = self.model(batch.input_ids, batch.positions)
+        pooled = hidden[batch.pool_idx] if batch.pool_idx is not None else hidden[:0]
+        if batch.sample_idx.numel() == 0:
+            return hidden.new_empty((0, 0)), pooled
+        return self.model.compute_logits(hidden[batch.sample_idx]), pooled
 
 
 def graph_batch_sizes(max_bs: int) -> list[int]:
@@ -136,6 +150,9 @@ class GraphRunner:
             self.graphs[bs] = graph
         torch.cuda.synchronize()
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
+
+    def run_pooled(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.eager.run_pooled(batch)  # steps with embedding requests are never decode steps
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         bs = batch.batch_size

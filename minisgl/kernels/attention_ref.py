@@ -1,7 +1,9 @@
 """Plain-torch paged attention: the oracle for `kernels/attention.py`, same argument order.
 
 Loops over requests on the host (it reads lengths with `.tolist()`), gathers each request's K/V
-through the token table and runs softmax in fp32. Clear rather than fast.
+through the token table and runs softmax in fp32. Clear rather than fast. `window` (a query at
+position p sees keys in (p - window, p]) and `softcap` (`cap * tanh(scores / cap)`) are the
+kernels' sliding-window and soft-cap variants; None: off.
 """
 
 from __future__ import annotations
@@ -20,12 +22,25 @@ def _gather_kv(
     return k, v
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int, sm_scale: float) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    prefix_len: int,
+    sm_scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
     """q [E, Hq, D] at positions prefix_len + i; k, v [S, Hq, D]; causal. Returns fp32 [E, Hq, D]."""
     scores = torch.einsum("ehd,shd->hes", q.float(), k) * sm_scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     q_pos = torch.arange(q.shape[0], device=q.device) + prefix_len
     kv_pos = torch.arange(k.shape[0], device=q.device)
-    scores = scores.masked_fill(kv_pos[None, :] > q_pos[:, None], float("-inf"))
+    hidden = kv_pos[None, :] > q_pos[:, None]
+    if window is not None:
+        hidden |= kv_pos[None, :] <= q_pos[:, None] - window
+    scores = scores.masked_fill(hidden, float("-inf"))
     return torch.einsum("hes,shd->ehd", torch.softmax(scores, dim=-1), v)
 
 
@@ -39,6 +54,9 @@ def extend_attention_ref(
     extend_lens: torch.Tensor,
     extend_starts: torch.Tensor,
     sm_scale: float,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """q [T, Hq, D]: request i's new tokens sit at extend_starts[i] and see positions <= their own."""
     out = torch.zeros_like(q)
@@ -50,7 +68,8 @@ def extend_attention_ref(
             continue
         k, v = _gather_kv(k_cache, v_cache, token_table, row, seq_len, num_heads)
         q_req = q[start : start + extend_len]
-        out[start : start + extend_len] = _attend(q_req, k, v, seq_len - extend_len, sm_scale).to(q.dtype)
+        attended = _attend(q_req, k, v, seq_len - extend_len, sm_scale, window, softcap)
+        out[start : start + extend_len] = attended.to(q.dtype)
     return out
 
 
@@ -62,8 +81,12 @@ def decode_attention_ref(
     rows: torch.Tensor,
     seq_lens: torch.Tensor,
     sm_scale: float,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """q [B, Hq, D]: one token per request, at position seq_len - 1, seeing the whole sequence.
+    """q [B, Hq, D]: one token per request, at position seq_len - 1, seeing the whole sequence
+    (or its last `window` positions).
 
     A request with seq_len 0 (a padded CUDA-graph entry) gets zeros, as the kernel gives."""
     out = torch.zeros_like(q)
@@ -72,5 +95,5 @@ def decode_attention_ref(
         if seq_len == 0:
             continue
         k, v = _gather_kv(k_cache, v_cache, token_table, row, seq_len, num_heads)
-        out[i : i + 1] = _attend(q[i : i + 1], k, v, seq_len - 1, sm_scale).to(q.dtype)
+        out[i : i + 1] = _attend(q[i : i + 1], k, v, seq_len - 1, sm_scale, window, softcap).to(q.dtype)
     return out

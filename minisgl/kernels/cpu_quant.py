@@ -78,7 +78,8 @@ class QuantLib:
     def best_isa(self) -> Isa:
         return self.supported[-1]
 
-    def _isa_id(self, isa: Isa) -> int:
+    def isa_id(self, isa: Isa) -> int:
+        """The C++ id of a path this build and CPU run (for `run`); ValueError otherwise."""
         if isa not in self.supported:
             raise ValueError(f"ISA {isa!r} unavailable here (this build and CPU run: {', '.join(self.supported)})")
         return ISAS.index(isa)
@@ -86,7 +87,7 @@ class QuantLib:
     def matmul(self, x: torch.Tensor, weight: torch.Tensor | QuantMatrix, qtype: str | int | QuantType | None,
                isa: Isa, mode: Literal["gemv", "gemm"]) -> torch.Tensor:  # fmt: skip
         qm = weight if isinstance(weight, QuantMatrix) else QuantMatrix.create(weight, qtype)  # type: ignore[arg-type]
-        return self.run(x, qm, self._isa_id(isa), 0 if mode == "gemv" else 1)
+        return self.run(x, qm, self.isa_id(isa), 0 if mode == "gemv" else 1)
 
     def run(self, x: torch.Tensor, qm: QuantMatrix, isa_id: int, mode_id: int) -> torch.Tensor:
         """The lean per-call path: isa_id = ISAS.index(isa) (checked by the caller), mode_id 0 GEMV, 1 GEMM."""
@@ -111,7 +112,7 @@ class QuantLib:
         w = weight.contiguous()
         out = torch.empty(n, k, dtype=torch.float32)
         rc = self._lib.minisgl_quant_dequantize(q.ggml_type, w.data_ptr(), w.shape[1], n, k, out.data_ptr(),
-                                                self._isa_id(isa), torch.get_num_threads())  # fmt: skip
+                                                self.isa_id(isa), torch.get_num_threads())  # fmt: skip
         if rc:
             raise RuntimeError(f"quantized dequantize failed: {_ERRORS.get(rc, rc)}")
         return out
@@ -185,10 +186,10 @@ def quant_linear(x: torch.Tensor, qm: QuantMatrix, isa: Isa | Literal["auto"] | 
     lib = _LIBS.get(False) or load_library()
     if isa is None:
         if _ISA_ID is None:
-            _ISA_ID = lib._isa_id(resolve_isa(None, lib))
+            _ISA_ID = lib.isa_id(resolve_isa(None, lib))
         isa_id = _ISA_ID
     else:
-        isa_id = lib._isa_id(resolve_isa(isa, lib))
+        isa_id = lib.isa_id(resolve_isa(isa, lib))
     rows = x.numel() // qm.k if qm.k else 0
     return lib.run(x, qm, isa_id, 0 if rows <= GEMV_MAX_ROWS else 1)
 
@@ -220,3 +221,24 @@ def dequantize(weight: torch.Tensor, qtype: str | int | QuantType,
     """[N, row_bytes] uint8 blocks -> [N, K] fp32 (equal to quant_ref.dequantize_ref bit for bit)."""
     lib = load_library()
     return lib.dequantize(weight, qtype, resolve_isa(isa, lib))
+
+
+class QuantOp:
+    """The kernels on one code path, chosen once (a layer's choice at load: `isa` is the engine's
+    `--cpu-isa`), for the per-call matmuls and embedding-row lookups of the quantized layers."""
+
+    def __init__(self, isa: Isa | Literal["auto"] = "auto") -> None:
+        self.lib = load_library()
+        self.isa: Isa = resolve_isa(isa, self.lib)
+        self._isa_id = self.lib.isa_id(self.isa)  # ValueError for a path this CPU does not run
+
+    def linear(self, x: torch.Tensor, qm: QuantMatrix) -> torch.Tensor:
+        """x [..., K] fp32 @ W^T: the GEMV up to GEMV_MAX_ROWS rows (decode), the tiled GEMM beyond (prefill)."""
+        rows = x.numel() // qm.k if qm.k else 0
+        return self.lib.run(x, qm, self._isa_id, 0 if rows <= GEMV_MAX_ROWS else 1)
+
+    def rows(self, qm: QuantMatrix, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` (int, any shape) of W dequantized: [*ids.shape, K] fp32 (an embedding lookup)."""
+        flat = ids.reshape(-1)
+        out = self.lib.dequantize(qm.weight.index_select(0, flat), qm.qtype, self.isa)
+        return out.view(*ids.shape, qm.k)

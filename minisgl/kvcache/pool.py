@@ -2,12 +2,21 @@ from __future__ import annotations
 
 import torch
 
+# KV cache element types beside the model's own dtype: `--kv-cache-dtype` names -> torch dtypes.
+KV_CACHE_DTYPES: dict[str, torch.dtype] = {"fp8_e4m3": torch.float8_e4m3fn}
+FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
+
 
 class KVPool:
     """K and V buffers for every layer: `k[layer][slot]` is [Hkv, D]; slot = page * page_size + offset.
 
     One extra page past `num_pages` is a scratch page: padded (CUDA-graph) batch entries write there,
     so they never touch a live request's KV.
+
+    A float8 pool (`dtype` float8_e4m3fn) stores `k / k_scale[layer]` (and v likewise), saturated
+    at +-448; readers multiply back. The scales are per layer, 1.0 unless the checkpoint has them
+    (`set_scales`). Attention folds them in rather than dequantizing the pages: scores scale by
+    `k_scale` (into the softmax scale), the output by `v_scale`.
     """
 
     def __init__(
@@ -19,13 +28,21 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
+        """`dtype`: the pages' element type; `compute_dtype`: the model's (q's), default `dtype`."""
         self.num_layers = num_layers
         self.num_pages = num_pages
         self.page_size = page_size
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
+        self.compute_dtype = compute_dtype or dtype
+        self.quantized = dtype == torch.float8_e4m3fn
+        self.k_scale = [1.0] * num_layers
+        self.v_scale = [1.0] * num_layers
+        # While set (engine/kv_scales.py calibrating): each layer's largest |k| and |v| stored.
+        self.observed: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
         num_slots = (num_pages + 1) * page_size
         self.k = [torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -39,8 +56,34 @@ class KVPool:
         elem = torch.empty((), dtype=dtype).element_size()
         return 2 * num_layers * page_size * num_kv_heads * head_dim * elem
 
+    def set_scales(self, scales: dict[int, tuple[float, float]]) -> None:
+        """Per-layer (k_scale, v_scale) of a quantized pool, e.g. from the checkpoint."""
+        for layer, (k_scale, v_scale) in scales.items():
+            if not (k_scale > 0 and v_scale > 0):
+                raise ValueError(f"layer {layer}: KV cache scales must be positive, got {k_scale}, {v_scale}")
+            self.k_scale[layer], self.v_scale[layer] = float(k_scale), float(v_scale)
+
+    def quantize(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        """x in the pool's element type (float8: divided by `scale`, saturated)."""
+        if not self.quantized:
+            return x.to(self.dtype)
+        if scale != 1.0:  # times the reciprocal, as the store kernel does (kernels/store_kv.py)
+            x = x.float() * (1.0 / scale)
+        return x.clamp(-FP8_MAX, FP8_MAX).to(self.dtype)
+
     def store(self, layer_id: int, out_loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # index_copy_, not `pool[out_loc] = k`: on CPU the advanced-indexing store into a large
         # pool costs ~190 us for 32 rows, index_copy_ ~4 us (60 stores per step for SmolLM2).
-        self.k[layer_id].index_copy_(0, out_loc, k.to(self.k[layer_id].dtype))
-        self.v[layer_id].index_copy_(0, out_loc, v.to(self.v[layer_id].dtype))
+        # float8 has no index_copy_ kernel: the bytes are copied through uint8 views.
+        if self.observed is not None:
+            k_max, v_max = k.abs().amax().float(), v.abs().amax().float()
+            if layer_id in self.observed:
+                seen = self.observed[layer_id]
+                k_max, v_max = torch.maximum(k_max, seen[0]), torch.maximum(v_max, seen[1])
+            self.observed[layer_id] = (k_max, v_max)
+        k_cache, v_cache = self.k[layer_id], self.v[layer_id]
+        k, v = self.quantize(k, self.k_scale[layer_id]), self.quantize(v, self.v_scale[layer_id])
+        if self.quantized:
+            k_cache, v_cache, k, v = (t.view(torch.uint8) for t in (k_cache, v_cache, k, v))
+        k_cache.index_copy_(0, out_loc, k)
+        v_cache.index_copy_(0, out_loc, v)

@@ -46,6 +46,17 @@ def _set_loader(param: nn.Parameter, loader: WeightLoader) -> None:
     param.weight_loader = loader  # type: ignore[attr-defined]
 
 
+def _drop_weight(layer: nn.Module, fn: LinearFn) -> None:
+    """The layer's matmul becomes `fn`, which holds the weight itself (GGUF blocks:
+    layers/quant.py); the float parameter is replaced by an empty one (its memory was never
+    written: the model is built with `torch.empty`)."""
+    if get_tp_info().size != 1:
+        raise ValueError("weights held outside the layer (--weights gguf) run at one rank: pass --weights float32")
+    layer._linear = fn  # type: ignore[assignment]
+    layer.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+    layer.weight_held_by_fn = True  # type: ignore[assignment]
+
+
 def _copy(param: nn.Parameter, loaded: torch.Tensor) -> None:
     if param.shape != loaded.shape:
         raise ValueError(f"shape mismatch: parameter {tuple(param.shape)} vs checkpoint {tuple(loaded.shape)}")
@@ -60,6 +71,7 @@ class ColumnParallelLinear(nn.Module):
         self.out_per_rank = divide(out_features, tp.size, "output features")
         self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features))
         self._linear = select_linear(self.weight)
+        self.weight_held_by_fn = False  # set by use_weight_fn
         _set_loader(self.weight, self._load)
         self.bias = nn.Parameter(torch.empty(self.out_per_rank)) if bias else None
         if self.bias is not None:
@@ -67,6 +79,11 @@ class ColumnParallelLinear(nn.Module):
 
     def _load(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         _copy(param, loaded.narrow(0, self.tp_rank * self.out_per_rank, self.out_per_rank))
+
+    def use_weight_fn(self, fn: LinearFn) -> None:
+        """At load, once: `fn(x, weight, bias)` computes the layer and holds its weight (the
+        quantized GGUF path, layers/quant.py)."""
+        _drop_weight(self, fn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._linear(x, self.weight, self.bias)
@@ -127,6 +144,7 @@ class RowParallelLinear(nn.Module):
         self.in_per_rank = divide(in_features, tp.size, "input features")
         self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank))
         self._linear = select_linear(self.weight)
+        self.weight_held_by_fn = False  # set by use_weight_fn
         # `add_to_`: the split-K Triton GEMM where the platform compiles Triton (--triton-gemm).
         self._splitk = current().kernels.triton_gemm
         _set_loader(self.weight, self._load_weight)
@@ -136,6 +154,10 @@ class RowParallelLinear(nn.Module):
 
     def _load_weight(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         _copy(param, loaded.narrow(1, self.tp_rank * self.in_per_rank, self.in_per_rank))
+
+    def use_weight_fn(self, fn: LinearFn) -> None:
+        """As `ColumnParallelLinear.use_weight_fn`."""
+        _drop_weight(self, fn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self._linear(x, self.weight)
@@ -147,4 +169,6 @@ class RowParallelLinear(nn.Module):
         """residual += x @ W.T in place, in the GEMM's epilogue (no bias, one rank: the folded
         layer of models/llama.py). Returns `residual`."""
         assert self.bias is None and self.tp_size == 1
+        if self.weight_held_by_fn:
+            return residual.add_(self._linear(x, self.weight))
         return add_linear_(residual, x, self.weight, self._splitk)

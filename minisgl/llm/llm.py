@@ -18,12 +18,14 @@ from tqdm import tqdm
 from minisgl.core import SamplingParams, fan_out
 from minisgl.engine.config import EngineConfig
 from minisgl.platform.kernel_config import KernelConfig
+from minisgl.llm.embed import EmbeddingRequestOutput, embed_inputs, embed_prompts
 from minisgl.llm.outputs import OutputBuilder, RequestOutput
 from minisgl.message.tokenizer import ChatPrompt, Prompt, TextPrompt, TokenizeMsg, TokenOut, TokenPrompt
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.scheduler.build import build_scheduler, engine_limits
 from minisgl.tokenizer.detokenizer import make_decoders
 from minisgl.tokenizer.incremental import IncrementalDetokenizer
+from minisgl.tokenizer.reasoning import reasoning_parser_class
 from minisgl.tokenizer.request import RequestTokenizer, load_hf_tokenizer
 
 PromptInput = str | list[int]
@@ -86,12 +88,17 @@ def _no_token_text(token_id: int) -> tuple[str, bytes]:
 class LLM:
     """`LLM(model=None, **config)`: every `EngineConfig` / `SchedulerConfig` field is a keyword
     (`device`, `dtype`, `page_size`, `num_pages`, `max_running_requests`, `cache`, ...);
-    `engine_config=` / `scheduler_config=` give whole configs that the keywords then override."""
+    `engine_config=` / `scheduler_config=` give whole configs that the keywords then override.
+    `reasoning_parser` (qwen3, deepseek_r1, gpt_oss): `chat` outputs carry the thinking in
+    `reasoning_content`, apart from `text` (docs/reasoning.md)."""
 
     def __init__(
         self, model: str | None = None, *, engine_config: EngineConfig | None = None,
-        scheduler_config: SchedulerConfig | None = None, **kwargs: Any,
+        scheduler_config: SchedulerConfig | None = None, reasoning_parser: str | None = None, **kwargs: Any,
     ) -> None:  # fmt: skip
+        if reasoning_parser is not None:
+            reasoning_parser_class(reasoning_parser)  # an unknown name: ValueError before the model loads
+        self.reasoning_parser = reasoning_parser
         engine_cfg, sched_cfg = split_config(model, kwargs, engine_config, scheduler_config)
         self.engine, self.scheduler = build_scheduler(engine_cfg, sched_cfg)
         self._tokenizer: Any = None
@@ -118,7 +125,7 @@ class LLM:
     def requests(self) -> RequestTokenizer:
         """The tokenizer stage's request logic (the same class the tokenizer process runs)."""
         if self._requests is None:
-            self._requests = RequestTokenizer(self.tokenizer, engine_limits(self.scheduler))
+            self._requests = RequestTokenizer(self.tokenizer, engine_limits(self.scheduler), self.reasoning_parser)
         return self._requests
 
     def encode(self, prompt: PromptInput) -> list[int]:
@@ -147,6 +154,14 @@ class LLM:
         kwargs = dict(chat_template_kwargs or {})
         prompts: list[Prompt] = [ChatPrompt(list(c), list(tools or []), kwargs) for c in conversations]  # type: ignore[arg-type]
         return self._run(prompts, sampling_params, use_tqdm)
+
+    def embed(self, prompts: PromptInput | Sequence[PromptInput], *, dimensions: int | None = None,
+              use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:  # fmt: skip
+        """One embedding per prompt (an embedding model, or `LLM(task="embed")`); vLLM-shaped:
+        `outputs.embedding`. `dimensions`: a Matryoshka model's shorter vector (llm/embed.py)."""
+        wrapped = embed_inputs(prompts)
+        first, self._next_rid = self._next_rid, self._next_rid + len(wrapped)
+        return embed_prompts(self.scheduler, self.requests, wrapped, first, dimensions, use_tqdm)
 
     def _run(self, prompts: list[Prompt], sampling_params: ParamsInput, use_tqdm: bool) -> list[RequestOutput]:
         """Validate and queue the prompts, step the scheduler until all finish, detokenizing each

@@ -27,7 +27,9 @@ class Logprob:
 @dataclass(slots=True)
 class CompletionOutput:
     """One sample of a prompt. `stop_reason`: the stop string or stop token id that ended a "stop"
-    finish (None: EOS or not stopped). `logprobs` / `cumulative_logprob`: None unless asked."""
+    finish (None: EOS or not stopped). `logprobs` / `cumulative_logprob`: None unless asked.
+    `reasoning_content`: the thinking of a `chat` reply, apart from `text` (None without a
+    reasoning parser or when the reply had none)."""
 
     index: int
     text: str = ""
@@ -36,6 +38,7 @@ class CompletionOutput:
     stop_reason: str | int | None = None
     logprobs: list[PositionLogprobs] | None = None
     cumulative_logprob: float | None = None
+    reasoning_content: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -75,6 +78,7 @@ class OutputBuilder:
         self.out = CompletionOutput(index, logprobs=[] if want_logprobs else None,
                                     cumulative_logprob=0.0 if want_logprobs else None)  # fmt: skip
         self._text: list[str] = []
+        self._reasoning: list[str] = []
         self.cached_tokens = 0
         self.prompt_logprobs: list[PositionLogprobs | None] | None = None
 
@@ -82,6 +86,8 @@ class OutputBuilder:
         out = self.out
         if delta.text:
             self._text.append(delta.text)
+        if delta.reasoning:
+            self._reasoning.append(delta.reasoning)
         out.token_ids.extend(delta.token_ids)
         if delta.logprobs is not None and out.logprobs is not None:
             for entry in delta.logprobs:
@@ -94,6 +100,7 @@ class OutputBuilder:
             out.finish_reason = delta.finish_reason
             out.stop_reason = delta.stop_reason
             out.text = "".join(self._text)
+            out.reasoning_content = "".join(self._reasoning) or None
 
     @property
     def finished(self) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from minisgl.message.codec import decode, encode, registered_types, wire
 from minisgl.message.frontend import (
     DetokenizedMsg,
+    EmbeddingMsg,
+    EmbeddingOut,
     ErrorMsg,
     FrontendMsg,
     QueryErrorMsg,
@@ -39,6 +41,8 @@ __all__ = [
     "DetokFacts",
     "DetokenizeQueryMsg",
     "DetokenizedMsg",
+    "EmbeddingMsg",
+    "EmbeddingOut",
     "EngineLimitsMsg",
     "ErrorMsg",
     "FinishedMsg",

@@ -140,9 +140,10 @@ WIRE = WireCodec(encode, decode)
 def _register_external() -> None:
     # Plain-data types defined below `message` that travel inside messages. SamplingParams was
     # checked where the request entered: decoding it does not run its checks again.
-    from minisgl.core import SamplingParams
+    from minisgl.core import PoolingParams, SamplingParams
 
     wire(tag=1, make=SamplingParams.unchecked)(SamplingParams)
+    wire(tag=2)(PoolingParams)
 
 
 _register_external()

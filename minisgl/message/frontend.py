@@ -39,7 +39,8 @@ class TextDelta:
 
     `stop_reason`: what ended a "stop" finish: the stop string, or the stop token id (None: EOS).
     `logprobs`: one entry per id of `token_ids` (requests that asked). `prompt_text` and
-    `prompt_logprobs` come once, on the first delta of an `echo` request."""
+    `prompt_logprobs` come once, on the first delta of an `echo` request. `reasoning`: new thinking
+    text, apart from the answer in `text` (requests with a reasoning parser)."""
 
     rid: int
     text: str
@@ -52,6 +53,7 @@ class TextDelta:
     logprobs: list[TokenLogprob] | None = None
     prompt_text: str | None = None
     prompt_logprobs: list[TokenLogprob] | None = None
+    reasoning: str = ""
 
 
 @wire(tag=61)
@@ -133,5 +135,26 @@ class QueryErrorMsg:
     param: str | None = None
 
 
+@wire(tag=69)
+@dataclass(slots=True)
+class EmbeddingOut:
+    """The vector of one embedding request (float32, little-endian; pooled, cut to the request's
+    dimensions and normalized by the engine), with its prompt's token counts. It ends the request."""
+
+    rid: int
+    embedding: bytes
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    finish_reason: FinishReason = "stop"
+
+
+@wire(tag=70)
+@dataclass(slots=True)
+class EmbeddingMsg:
+    """The embedding requests one scheduler step finished (sent by rank 0 straight to the API server)."""
+
+    outs: list[EmbeddingOut] = field(default_factory=list)
+
+
 QueryReply = StatsMsg | TokensMsg | DetokenizedMsg | QueryErrorMsg
-FrontendMsg = TextDeltaMsg | ErrorMsg | QueryReply
+FrontendMsg = TextDeltaMsg | ErrorMsg | EmbeddingMsg | QueryReply

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minisgl.core import SamplingParams
+from minisgl.core import PoolingParams, SamplingParams
 from minisgl.message.codec import wire
 from minisgl.message.tokenizer import DetokFacts
 
@@ -15,12 +15,14 @@ class TokenizedMsg:
     """A validated, tokenized request ready to be scheduled: the tokenizer stage has checked it
     against the context, the vocabulary and the KV pool, and set `sampling.max_tokens` to what
     fits. `facts`: what the detokenizer needs; rank 0 forwards them on its output stream (None:
-    plain decoding, no stop strings)."""
+    plain decoding, no stop strings). `pooling`: an embedding request (prefill only; its vector
+    goes to the API server, never the detokenizer)."""
 
     rid: int
     input_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     facts: DetokFacts | None = None
+    pooling: PoolingParams | None = None
 
 
 @wire(tag=21)

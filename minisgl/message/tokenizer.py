@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from minisgl.core import FinishReason, SamplingParams
+from minisgl.core import FinishReason, PoolingParams, SamplingParams
 from minisgl.message.codec import wire
 
 # (logprob of the token, [(alternative token id, its logprob)] best first); tuples become lists
@@ -62,7 +62,8 @@ class TokenizeMsg:
     `max_tokens_explicit` is False when the client gave no limit: `sampling.max_tokens` is then a
     ceiling that the tokenizer lowers to what fits in the context and the KV pool after the
     prompt, instead of rejecting the request. `include_stop`: a matched stop string (or stop token's text) stays in
-    the output. `echo`: the first delta carries the prompt's text (and its logprobs, if asked)."""
+    the output. `echo`: the first delta carries the prompt's text (and its logprobs, if asked).
+    `pooling`: an embedding request (`/v1/embeddings`): the scheduler sends back one vector."""
 
     rid: int
     prompt: Prompt
@@ -71,6 +72,7 @@ class TokenizeMsg:
     stop: list[str] = field(default_factory=list)
     include_stop: bool = False
     echo: bool = False
+    pooling: PoolingParams | None = None
 
 
 @wire(tag=47)
@@ -129,7 +131,10 @@ class DetokFacts:
     unless `include_stop`); they are looked for once `min_tokens` tokens exist. `stop_token_ids`:
     a request ended by one of them reports it as its stop reason, and its text is dropped unless
     `include_stop`. `echo_ids`: the whole prompt, when its text goes back to the client.
-    `replica`: the `--dp` replica holding the request, where a stop string's abort goes."""
+    `replica`: the `--dp` replica holding the request, where a stop string's abort goes.
+    `reasoning_parser`: the reasoning parser splitting the reply (tokenizer/reasoning.py; chat
+    requests of a server with `--reasoning-parser`), `in_reasoning`: the reply starts inside the
+    thinking (the prompt opened it)."""
 
     rid: int
     prompt_tail_ids: list[int] = field(default_factory=list)
@@ -139,6 +144,8 @@ class DetokFacts:
     min_tokens: int = 0
     echo_ids: list[int] = field(default_factory=list)
     replica: int = 0
+    reasoning_parser: str | None = None
+    in_reasoning: bool = False
 
 
 @wire(tag=45)
@@ -148,7 +155,9 @@ class TokenOut:
 
     `logprobs` (requests that asked): per token of `token_ids`, its logprob and the top
     alternatives `[(token_id, logprob)]`, best first. `prompt_logprobs`: the same for every prompt
-    token (None for the first), sent once with the first output."""
+    token (None for the first), sent once with the first output. `embedding`: an embedding
+    request's vector (float32, little-endian), on its only output; rank 0 sends it to the API
+    server as an `EmbeddingOut`, not to the detokenizer."""
 
     rid: int
     token_ids: list[int]
@@ -158,6 +167,7 @@ class TokenOut:
     output_tokens: int = 0
     logprobs: list[RawLogprob] | None = None
     prompt_logprobs: list[RawPromptLogprob] | None = None
+    embedding: bytes | None = None
 
 
 @wire(tag=46)

@@ -22,6 +22,10 @@ SUPPORTED_ARCHITECTURES = (
     "GraniteForCausalLM",
     "Olmo2ForCausalLM",
 )
+# A base model's checkpoint (`Qwen3Model`: the decoder without its LM head, as embedding models
+# such as Qwen3-Embedding are saved) runs on its causal LM's blocks, with no LM head.
+HEADLESS_ARCHITECTURES = {arch.removesuffix("ForCausalLM") + "Model": arch
+                          for arch in SUPPORTED_ARCHITECTURES if arch.endswith("ForCausalLM")}  # fmt: skip
 # Families whose `sliding_window` applies unless `use_sliding_window` says otherwise.
 _WINDOWED_BY_DEFAULT = (
     "MistralForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
@@ -71,6 +75,8 @@ class ModelConfig:
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
     logits_scaling: float = 1.0
+    # False: the decoder without its LM head (a `*Model` checkpoint, or served as embeddings).
+    has_lm_head: bool = True
 
     @property
     def is_moe(self) -> bool:
@@ -115,6 +121,8 @@ class ModelConfig:
     def from_dict(cfg: dict[str, Any], generation: dict[str, Any] | None = None) -> "ModelConfig":
         archs = cfg.get("architectures") or []
         arch = archs[0] if archs else ""
+        headless = arch in HEADLESS_ARCHITECTURES
+        arch = HEADLESS_ARCHITECTURES.get(arch, arch)
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
                 f"unsupported architecture {arch or cfg.get('model_type')!r}; minisgl supports "
@@ -173,6 +181,7 @@ class ModelConfig:
             layer_types=layer_types,
             rope_local_theta=rope.local_theta,
             partial_rotary_factor=rope.partial_rotary_factor,
+            has_lm_head=not headless,
             **family_fields(arch, cfg),
         )
 

@@ -1,8 +1,10 @@
 """GGUF file -> Hugging Face-style model directory (config.json, float32 safetensors, tokenizer).
 
-The model code only knows HF directories, so a GGUF is converted once: every tensor is
-dequantized to float32 and renamed to its HF name, the llama.cpp-specific layout changes are
-undone, and config/tokenizer files are rebuilt from the GGUF metadata.
+The model code only knows HF directories, so a GGUF is converted once: config/tokenizer files are
+rebuilt from the GGUF metadata, and (for the dequantized modes) every tensor is dequantized to
+float32 and renamed to its HF name, with the llama.cpp-specific layout changes undone. The
+quantized mode (`--weights gguf`) reads the blocks from the GGUF itself with the same plan
+(`plan_tensors`): models/gguf_weights.py.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from minisgl.utils.logging import get_logger
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
+
+    from minisgl.models.gguf_table import GGUFTable
     from gguf.gguf_reader import ReaderTensor
 
 logger = get_logger(__name__)
@@ -66,9 +70,10 @@ class TensorPlan:
     unpermute_heads: int | None = None  # undo llama.cpp's rope row permutation with this head count
 
 
-def _unpermute_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
+def unpermute_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
     # llama.cpp stores each head's rows as interleaved (even, odd) pairs for its rotary layout;
     # HF keeps the two halves contiguous. Rows are [head, half, pair] in GGUF -> [head, pair, half].
+    # A pure row permutation: it applies as well to rows of quantized blocks ([n, row_bytes]).
     half = weight.shape[0] // n_head // 2
     return weight.reshape(n_head, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
@@ -103,7 +108,7 @@ def plan_tensors(reader: GGUFReader, arch: str, n_head: int, n_kv_head: int) -> 
     return plans
 
 
-def _materialize(plans: Iterable[TensorPlan]) -> Iterable[tuple[TensorPlan, np.ndarray]]:
+def materialize(plans: Iterable[TensorPlan]) -> Iterable[tuple[TensorPlan, np.ndarray]]:
     from tqdm import tqdm
 
     cached: tuple[str, np.ndarray] | None = None  # a merged expert tensor feeds several outputs
@@ -112,7 +117,7 @@ def _materialize(plans: Iterable[TensorPlan]) -> Iterable[tuple[TensorPlan, np.n
             cached = (plan.source.name, dequantize_tensor(plan.source))
         values = cached[1] if plan.expert is None else cached[1][plan.expert]
         if plan.unpermute_heads is not None:
-            values = _unpermute_rows(values, plan.unpermute_heads)
+            values = unpermute_rows(values, plan.unpermute_heads)
         assert values.shape == plan.shape, (plan.hf_name, values.shape, plan.shape)
         yield plan, values
 
@@ -148,7 +153,7 @@ def write_weights(out_dir: Path, plans: list[TensorPlan]) -> None:
             shard_bytes = 0
         shards[-1].append(plan)
         shard_bytes += nbytes
-    stream = iter(_materialize(plans))
+    stream = iter(materialize(plans))
     if len(shards) == 1:
         _write_shard(out_dir / "model.safetensors", plans, stream)
         return
@@ -162,22 +167,32 @@ def write_weights(out_dir: Path, plans: list[TensorPlan]) -> None:
     (out_dir / "model.safetensors.index.json").write_text(json.dumps(index_json, indent=2))
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Write config.json, generation_config.json, safetensors and tokenizer files into out_dir."""
-    reader = open_gguf(gguf_path)
-    meta = read_metadata(reader)
-    arch = meta.get("general.architecture")
+def gguf_arch(reader: GGUFReader | GGUFTable, gguf_path: Path) -> str:
+    field = reader.fields.get("general.architecture")
+    arch = field.contents() if field is not None else None
     if arch not in ARCHS:
         raise ModelSourceError(
             f"GGUF architecture {arch!r} in {gguf_path.name} is not supported; supported: {', '.join(ARCHS)}"
         )
+    return str(arch)
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, *, weights: bool = True, meta_done: bool = False) -> None:
+    """Write config.json, generation_config.json and tokenizer files into out_dir, and with
+    `weights` the float32 safetensors (without: the quantized path reads the GGUF's blocks
+    itself, models/gguf_weights.py). `meta_done`: out_dir has the first three already."""
+    reader = open_gguf(gguf_path)
+    arch = gguf_arch(reader, gguf_path)
+    meta = read_metadata(reader)
     tensors = {tensor.name: tensor for tensor in reader.tensors}
     config = build_config(meta, ARCHS[arch], arch, tensors)
-    plans = plan_tensors(reader, arch, config["num_attention_heads"], config["num_key_value_heads"])
     out_dir.mkdir(parents=True, exist_ok=True)
-    # Tokenizer first: it fails on unknown tokenizer models before the slow weight pass.
-    write_tokenizer_files(meta, out_dir, config["max_position_embeddings"], gguf_path)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
-    (out_dir / "generation_config.json").write_text(json.dumps(build_generation_config(meta), indent=2))
-    logger.info("dequantizing %d GGUF tensors of %s to float32", len(reader.tensors), gguf_path.name)
-    write_weights(out_dir, plans)
+    if not meta_done:
+        # Tokenizer first: it fails on unknown tokenizer models before the slow weight pass.
+        write_tokenizer_files(meta, out_dir, config["max_position_embeddings"], gguf_path)
+        (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+        (out_dir / "generation_config.json").write_text(json.dumps(build_generation_config(meta), indent=2))
+    if weights:
+        plans = plan_tensors(reader, arch, config["num_attention_heads"], config["num_key_value_heads"])
+        logger.info("dequantizing %d GGUF tensors of %s to float32", len(reader.tensors), gguf_path.name)
+        write_weights(out_dir, plans)

@@ -172,7 +172,9 @@ class DecoderModel(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
         if self.embed_multiplier_in_dtype:
-            return hidden * torch.tensor(self.embed_multiplier, dtype=hidden.dtype, device=hidden.device)
+            # The multiplier rounded to the activations' dtype first (Gemma's normalizer), as a
+            # host scalar: a device tensor made here would be a host copy inside a CUDA graph.
+            return hidden * _in_dtype(self.embed_multiplier, hidden.dtype)
         if self.embed_multiplier != 1.0:
             return hidden * self.embed_multiplier
         return hidden
@@ -205,9 +207,12 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.tp = get_tp_info()
         self.model = self.make_model(config, [self.make_layer(config, i) for i in range(config.num_layers)])
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        # None without an LM head (an embedding model: `forward`'s hidden states are its output).
+        self.lm_head: ParallelLMHead | None = None
+        if config.has_lm_head:
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+            if config.tie_word_embeddings:
+                self.lm_head.weight = self.model.embed_tokens.weight
 
     def make_layer(self, config: ModelConfig, layer_id: int) -> nn.Module:
         return DecoderLayer(config, layer_id)
@@ -235,6 +240,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the vocabulary; divided by Granite's `logits_scaling`, soft-capped by
         Gemma 2's `final_logit_softcap` (cap * tanh(logits / cap))."""
+        assert self.lm_head is not None, "a model without an LM head computes no logits"
         logits = self.lm_head.logits(hidden)
         if self.config.logits_scaling != 1.0:
             logits = logits / self.config.logits_scaling
@@ -242,3 +248,14 @@ class LlamaForCausalLM(nn.Module):
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+
+_ROUNDED: dict[tuple[float, torch.dtype], float] = {}
+
+
+def _in_dtype(value: float, dtype: torch.dtype) -> float:
+    """`value` rounded to `dtype` (and back to a Python float), cached."""
+    key = (value, dtype)
+    if key not in _ROUNDED:
+        _ROUNDED[key] = torch.tensor(value, dtype=dtype).item()
+    return _ROUNDED[key]

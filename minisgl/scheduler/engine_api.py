@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from minisgl.core import Req
 from minisgl.engine.engine import LogprobEntry, PromptChunk, StepPlan
+from minisgl.models.pooling import PoolerConfig
 from minisgl.scheduler.config import PlatformFacts
 
 
@@ -45,6 +46,18 @@ class LaunchedStepLike(Protocol):
 
     def prompt_logprob_chunks(self) -> list[tuple[PromptChunk, list[LogprobEntry]]]: ...
 
+    @property
+    def pooled(self) -> PooledLike | None: ...  # embedding requests that completed their prompt
+
+
+class PooledLike(Protocol):
+    """Embedding requests of a launched step (`engine.pooling.PooledRows`)."""
+
+    @property
+    def reqs(self) -> list[Req]: ...
+
+    def embeddings(self) -> list[bytes]: ...  # per request, float32 little-endian (waits for the device)
+
 
 class SchedulerEngine(Protocol):
     @property
@@ -64,6 +77,9 @@ class SchedulerEngine(Protocol):
 
     @property
     def model_dir(self) -> Path: ...  # where a structured-output request's tokenizer is read
+
+    @property
+    def pooler(self) -> PoolerConfig | None: ...  # an embedding model's pooler; None: text generation
 
     def launch(self, plan: StepPlan, prev: Any = None) -> LaunchedStepLike:
         """Queue `plan` on the device; `prev` is the step still in flight (`plan.from_prev`)."""

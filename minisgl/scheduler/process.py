@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from minisgl.distributed.group import Rendezvous
 from minisgl.engine.config import EngineConfig
 from minisgl.message.codec import WIRE
-from minisgl.message.frontend import ErrorMsg, StatsMsg
+from minisgl.message.frontend import EmbeddingMsg, EmbeddingOut, ErrorMsg, StatsMsg
 from minisgl.message.scheduler import AbortMsg, ShutdownMsg, StatsReqMsg, TokenizedMsg
 from minisgl.message.tokenizer import DetokFacts, FinishedMsg, TokenOut, TokenOutMsg
 from minisgl.scheduler.build import build_scheduler, engine_limits
@@ -98,16 +98,22 @@ class SchedulerLoop:
         refused: list[int] = []
         for msg in self._receive():
             self._handle(msg, outs, new, refused)
+        embedded: list[EmbeddingOut] = []
         if self.scheduler.has_work():
             for out in self.scheduler.step():
-                if out.output_tokens == 1 and out.token_ids:
+                if (out.output_tokens == 1 and out.token_ids) or out.embedding is not None:
                     self.prompt_tokens += out.prompt_tokens
                     self.cached_tokens += out.cached_tokens
-                outs.append(out)
+                if out.embedding is not None:  # an embedding request's vector: straight to the API server
+                    embedded.append(EmbeddingOut(out.rid, out.embedding, out.prompt_tokens, out.cached_tokens))
+                else:
+                    outs.append(out)
         if (outs or new) and self.to_detok is not None:
             self.to_detok.put(TokenOutMsg(outs, new))
+        if embedded and self.to_frontend is not None:
+            self.to_frontend.put(EmbeddingMsg(embedded))
         if self.to_router is not None:
-            ended = refused + [out.rid for out in outs if out.finish_reason is not None]
+            ended = refused + [out.rid for out in outs if out.finish_reason is not None] + [e.rid for e in embedded]
             if ended:
                 self.to_router.put(FinishedMsg(ended))
 
@@ -126,13 +132,14 @@ class SchedulerLoop:
         if isinstance(msg, TokenizedMsg):
             self.requests += 1
             try:  # checked and fitted to the pool by the tokenizer stage
-                self.scheduler.add_request(msg.rid, msg.input_ids, msg.sampling)
-            except ValueError as exc:  # a grammar that does not compile, a rid in use: no output will follow
+                self.scheduler.add_request(msg.rid, msg.input_ids, msg.sampling, msg.pooling)
+            except ValueError as exc:  # wrong task, grammar that does not compile, rid in use: no output follows
                 refused.append(msg.rid)
                 if self.to_frontend is not None:
-                    self.to_frontend.put(ErrorMsg(msg.rid, str(exc), 400))
+                    self.to_frontend.put(ErrorMsg(msg.rid, str(exc), 400, getattr(exc, "param", None)))
                 return
-            new.append(msg.facts if msg.facts is not None else DetokFacts(msg.rid))
+            if msg.pooling is None:  # an embedding request never reaches the detokenizer
+                new.append(msg.facts if msg.facts is not None else DetokFacts(msg.rid))
         elif isinstance(msg, AbortMsg):
             if self.scheduler.abort(msg.rid):
                 self.aborted += 1

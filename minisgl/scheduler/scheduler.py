@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from minisgl.core import Req, SamplingParams
+from minisgl.core import PoolingParams, Req, SamplingParams
 from minisgl.engine.engine import LogprobEntry, StepPlan
 from minisgl.engine.grammar import GrammarBackend
 from minisgl.kvcache import BasePrefixCache, PageAllocator
@@ -29,6 +29,14 @@ from minisgl.scheduler.prefill import PrefillPlanner
 from minisgl.utils.logging import get_logger
 
 logger = get_logger(__name__)
+
+
+class TaskError(ValueError):
+    """A request the served model cannot run (HTTP 400 naming `param`)."""
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass
@@ -49,6 +57,7 @@ class Scheduler:
         self.context_len = engine.context_len
         self.vocab_size = engine.model_config.vocab_size
         self.eos_ids = frozenset(engine.model_config.eos_ids)
+        self.pooler = engine.pooler  # None: the engine generates text; else it serves embeddings only
         self.max_running = min(config.max_running_requests, engine.config.max_running_requests)
         self.pages = PageManager(engine.pool.num_pages, self.page_size, config.cache, self.max_running)
         self.decode = DecodeSet(self.pages)
@@ -92,20 +101,41 @@ class Scheduler:
         return self.planner.budget
 
     # ---------------------------------------------------------------- public API
-    def add_request(self, rid: int, prompt_ids: list[int], sampling: SamplingParams) -> None:
-        """Queue a request that its entry validated: `RequestTokenizer` (tokenizer/request.py, the
-        one path of the server, the shell and the offline `LLM`) has checked the prompt against
-        the context, every token id against the vocabulary, and the worst case against the KV pool,
-        and fitted max_tokens; `SamplingParams` has checked its own values. What stays here is
-        what only the scheduler knows: whether `rid` is in use (its bookkeeping key), and whether
-        a grammar compiles, which needs the engine's vocabulary and tokenizer tables (the backend
-        is built on the first constrained request). Both raise ValueError, queueing nothing."""
+    def add_request(
+        self, rid: int, prompt_ids: list[int], sampling: SamplingParams, pooling: PoolingParams | None = None
+    ) -> None:
+        """Queue a request: text generation, or an embedding (`pooling`: prefill only, one vector).
+
+        Its entry validated it: `RequestTokenizer` (tokenizer/request.py, the one path of the
+        server, the shell and the offline `LLM`) has checked the prompt against the context,
+        every token id against the vocabulary, and the worst case against the KV pool, and fitted
+        max_tokens; `SamplingParams` has checked its own values. What stays here is what only the
+        scheduler knows: whether the model serves the request's task (`_check_task`), whether
+        `rid` is in use (its bookkeeping key), and whether a grammar compiles, which needs the
+        engine's vocabulary and tokenizer tables (the backend is built on the first constrained
+        request). Each raises ValueError, queueing nothing."""
+        self._check_task(pooling)
         if rid in self.reqs:
             raise ValueError(f"request id {rid} is already in use")
         self.controls.add(rid, sampling)  # raises for a grammar that does not compile
-        req = Req(rid, list(prompt_ids), sampling, eos_ids=self.eos_ids, max_total_len=self.context_len)
+        req = Req(rid, list(prompt_ids), sampling, eos_ids=self.eos_ids, max_total_len=self.context_len,
+                  pooling=pooling)  # fmt: skip
         self.reqs[rid] = req
         self.planner.add(req)
+
+    def _check_task(self, pooling: PoolingParams | None) -> None:
+        """An embedding request needs an embedding model, a generation request a generative one."""
+        if pooling is None and self.pooler is not None:
+            raise TaskError("this server runs an embedding model: it serves /v1/embeddings only, not text "
+                            "generation", None)  # fmt: skip
+        if pooling is not None and self.pooler is None:
+            raise TaskError("this server runs a text-generation model: /v1/embeddings needs an embedding model "
+                            "(sentence-transformers pooling or a *Model checkpoint) or --task embed", None)  # fmt: skip
+        if pooling is not None and self.pooler is not None:
+            try:
+                self.pooler.check_dimensions(pooling.dimensions)
+            except ValueError as exc:
+                raise TaskError(str(exc), "dimensions") from None
 
     def abort(self, rid: int) -> bool:
         req = self.reqs.pop(rid, None)
@@ -150,7 +180,8 @@ class Scheduler:
         launched: InFlight | None = None
         if plan is not None:
             step = self.engine.launch(plan, self._inflight.step if self._inflight else None)
-            launched = InFlight(step, self._advance(plan, step.sampled_reqs), self.controls.wants_logprobs)
+            pooled = step.pooled.reqs if step.pooled is not None else []
+            launched = InFlight(step, self._advance(plan, step.sampled_reqs, pooled), self.controls.wants_logprobs)
         outputs: list[TokenOut] = []
         if self.overlap:
             previous, self._inflight = self._inflight, launched
@@ -200,13 +231,16 @@ class Scheduler:
         return StepPlan(reqs, out_loc, rows, pos, slots, from_prev, controls.grammars, controls.take_released(),
                         controls.any_controls)  # fmt: skip
 
-    def _advance(self, plan: StepPlan, sampled: list[Req]) -> list[tuple[Req, int]]:
+    def _advance(self, plan: StepPlan, sampled: list[Req], pooled: list[Req]) -> list[tuple[Req, int]]:
         """Account for a launched step before its tokens are known: KV is computed, and each
-        sampling request holds a placeholder output token until `_complete`."""
+        sampling request holds a placeholder output token until `_complete`; an embedding request
+        whose prompt is computed waits (pending, planned no more) for its vector there."""
         prefilled = [req for req in plan.reqs if req.extend_len > 1]
         for req in plan.reqs:
             req.cached_len += req.extend_len
             req.extend_len = 0
+        for req in pooled:
+            req.num_pending += 1
         marks = []
         for req in sampled:
             req.output_ids.append(0)  # placeholder, filled in by _complete
@@ -251,6 +285,22 @@ class Scheduler:
             if reason is not None:
                 controls.forget(req)
             outputs.append(out)
+        if step.pooled is not None:
+            outputs += self._finish_pooled(step.pooled.reqs, step.pooled.embeddings())
+        return outputs
+
+    def _finish_pooled(self, reqs: list[Req], embeddings: list[bytes]) -> list[TokenOut]:
+        """Embedding requests end with their vector: pages to the prefix cache, row freed."""
+        outputs: list[TokenOut] = []
+        for req, embedding in zip(reqs, embeddings):
+            req.num_pending -= 1
+            if req.finished:
+                continue  # aborted while its step was in flight
+            req.finish_reason = "stop"
+            self.reqs.pop(req.rid, None)
+            self._leave(req)
+            self.controls.forget(req)
+            outputs.append(TokenOut(req.rid, [], "stop", req.prompt_len, req.prefix_len, 0, embedding=embedding))
         return outputs
 
     # ---------------------------------------------------------------- leaving, retraction

@@ -4,7 +4,8 @@ With a key (`--api-key`, or the environment's: minisgl/env.py) every route needs
 `Authorization: Bearer <key>` or `x-api-key: <key>` (as Anthropic's clients send it) — `/v1/*`,
 `/generate`, `/tokenize`, `/detokenize`, `/metrics`, `/v1/internal/stats`, `/openapi.json`,
 `/docs`, and unknown routes, so a caller without the key learns nothing — except `GET /health`
-(load balancers carry no key) and CORS preflights. A missing or wrong key is a 401 in OpenAI's
+(load balancers carry no key), the chat page's files (`GET /`, page.PAGE_PATHS: the key is typed
+into the page) and CORS preflights. A missing or wrong key is a 401 in OpenAI's
 error shape (Anthropic's under /v1/messages). Prometheus sends the key with
 `authorization: {credentials}`.
 
@@ -30,9 +31,10 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from minisgl.server.anthropic_protocol import anthropic_error
+from minisgl.server.page import PAGE_PATHS
 from minisgl.server.responses import error_body, error_response
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", *PAGE_PATHS})  # the chat page holds no secret; its /v1 calls need the key
 MAX_BODY_BYTES = 4 * 2**20  # 4 MiB: a 1M-token text prompt; 100k token ids take under 1 MiB
 DISCARD_BYTES = 64 * 2**20  # of a refused body, read and dropped so the client sees the 413
 

@@ -2,7 +2,9 @@
 
 A Messages body is translated into the chat request (anthropic_protocol.py) and runs the chat
 path: the same `TokenizeMsg(ChatPrompt(...))`, the same `ChoiceState` that splits the reply
-into text and tool calls. Only the shapes differ: content blocks, `stop_reason`, and the stream's
+into text and tool calls (and the detokenizer's split of the thinking, with --reasoning-parser:
+`thinking` blocks, whose `signature` is empty: nothing is signed here). Only the shapes differ:
+content blocks, `stop_reason`, and the stream's
 named SSE events (`message_start`, `content_block_start`, `ping`, `content_block_delta`,
 `content_block_stop`, `message_delta`, `message_stop`).
 """
@@ -86,7 +88,10 @@ class MessageBuilder:
             if isinstance(r, TextDelta):
                 self.state.add(r)
         s = self.state
-        content: list[dict[str, Any]] = [{"type": "text", "text": s.text}] if s.text or not s.calls else []
+        content: list[dict[str, Any]] = [{"type": "thinking", "thinking": s.reasoning, "signature": ""}] \
+            if s.reasoning else []  # fmt: skip
+        if s.text or not s.calls:
+            content.append({"type": "text", "text": s.text})
         for call in s.calls:
             function = call["function"]
             content.append({"type": "tool_use", "id": tool_use_id(call["id"]), "name": function["name"],
@@ -120,6 +125,10 @@ class MessageBuilder:
     def events(self, delta: TextDelta) -> list[bytes]:
         update: ChoiceUpdate = self.state.add(delta)
         out: list[bytes] = []
+        if update.reasoning:
+            if self.block != "thinking":
+                out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            out.append(self._delta({"type": "thinking_delta", "thinking": update.reasoning}))
         if update.content:
             if self.block != "text":
                 out += self._open("text", {"type": "text", "text": ""})
@@ -174,6 +183,8 @@ def add_anthropic_routes(app: FastAPI, state: AppState) -> None:
     async def messages(request: Request) -> Response:
         try:
             req: MessagesRequest = parse_request(MessagesRequest, await request.body())
+            if req.thinking_enabled and state.reasoning_parser is None:
+                raise RequestError("extended thinking needs a server started with --reasoning-parser")
             chat = req.to_chat()
             sampling, explicit = chat.sampling(state.context_len)
         except RequestError as exc:

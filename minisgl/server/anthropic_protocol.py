@@ -47,6 +47,8 @@ def _text_of(where: str, content: Any) -> str:
 
 
 _BLOCK_FIELDS = {"text": {"type", "text", "cache_control", "citations"},
+                 "thinking": {"type", "thinking", "signature", "cache_control"},
+                 "redacted_thinking": {"type", "data", "cache_control"},
                  "tool_use": {"type", "id", "name", "input", "cache_control"},
                  "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control"}}  # fmt: skip
 
@@ -84,12 +86,15 @@ def _chat_messages(index: int, message: Any) -> list[dict[str, Any]]:
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
         raise ValueError(f"{where}.content must be a string or a list of content blocks")
-    kinds = ("text", "tool_use") if role == "assistant" else ("text", "tool_result")
+    # Past thinking blocks are accepted and dropped: the templates re-render no past thinking.
+    kinds = ("text", "tool_use", "thinking", "redacted_thinking") if role == "assistant" else ("text", "tool_result")
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     out: list[dict[str, Any]] = []
     for j, block in enumerate(content):
         kind = _check_block(f"{where}.content[{j}]", block, *kinds)
+        if kind in ("thinking", "redacted_thinking"):
+            continue
         if kind == "text":
             texts.append(block["text"])
         elif kind == "tool_use":
@@ -162,9 +167,14 @@ class _MessagesBase(_Strict):
     @field_validator("thinking")
     @classmethod
     def _thinking(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None and v.get("type") != "disabled":
-            raise ValueError("extended thinking is not supported")
+        kind = v.get("type") if v is not None else None
+        if v is not None and (kind not in ("enabled", "disabled") or set(v) - {"type", "budget_tokens"}):
+            raise ValueError("thinking is {'type': 'enabled', 'budget_tokens': N} or {'type': 'disabled'}")
         return v
+
+    @property
+    def thinking_enabled(self) -> bool:
+        return self.thinking is not None and self.thinking.get("type") == "enabled"
 
     def chat_body(self) -> dict[str, Any]:
         """The equivalent OpenAI chat completions body."""
@@ -178,6 +188,8 @@ class _MessagesBase(_Strict):
             body["tools"] = [_check_tool(i, t) for i, t in enumerate(self.tools)]
         if self.tool_choice is not None:
             body.update(_tool_choice(self.tool_choice, bool(self.tools)))
+        if self.thinking is not None and not self.thinking_enabled:  # Qwen3-style templates skip the thinking
+            body["chat_template_kwargs"] = {"enable_thinking": False}
         return body
 
 

@@ -24,11 +24,16 @@ from minisgl.server.anthropic_api import add_anthropic_routes
 from minisgl.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from minisgl.server.chat_protocol import ChatCompletionRequest
 from minisgl.server.choice import ChoiceOptions
+from minisgl.server.embeddings_api import add_embedding_routes
+from minisgl.server.embeddings_protocol import EmbeddingRequest
 from minisgl.server.frontend import FrontendManager
 from minisgl.server.openapi import body, install_docs
+from minisgl.server.page import add_page_routes
 from minisgl.server.protocol import CompletionRequest, GenerateRequest, RequestError, parse_request
 from minisgl.server.request_msgs import chat_msgs, chat_options, completion_msgs
 from minisgl.server.responses import ResponseBuilder, error_response
+from minisgl.server.responses_api import add_responses_routes
+from minisgl.server.responses_protocol import ResponsesRequest
 from minisgl.server.session import Session, respond, respond_native
 from minisgl.server.state import AppState
 from minisgl.server.utility_routes import DetokenizeRequest, TokenizeRequest, add_utility_routes
@@ -157,8 +162,11 @@ def create_app(state: AppState) -> FastAPI:
 
     add_utility_routes(app, state)
     add_anthropic_routes(app, state)
+    add_embedding_routes(app, state)
+    add_responses_routes(app, state)
+    add_page_routes(app)  # GET /: the chat page (page.py)
     install_docs(app, [ChatCompletionRequest, CompletionRequest, GenerateRequest, TokenizeRequest, DetokenizeRequest,
-                       MessagesRequest, CountTokensRequest])
+                       MessagesRequest, CountTokensRequest, EmbeddingRequest, ResponsesRequest])
     return app
 
 

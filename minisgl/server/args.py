@@ -14,6 +14,7 @@ from typing import NoReturn
 from minisgl.engine.config import EngineConfig
 from minisgl.env import API_KEY_VAR, ENV
 from minisgl.scheduler.config import SchedulerConfig
+from minisgl.tokenizer.reasoning import REASONING_PARSERS
 from minisgl.server.engine_args import (
     add_engine_args,
     check_engine_args,
@@ -72,6 +73,9 @@ class ServerConfig:
     max_queued_requests: int | None = None
     request_timeout: float | None = None
     shutdown_timeout: float = 10.0
+    # Beyond chat (docs/reasoning.md, docs/responses_api.md).
+    reasoning_parser: str | None = None  # tokenizer/reasoning.py REASONING_PARSERS
+    max_stored_responses: int = 1000  # /v1/responses kept for previous_response_id and GET (LRU)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -124,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
                    f"every route but /health (default: ${API_KEY_VAR}, else no key)")  # fmt: skip
     s.add_argument("--cors-origins", nargs="+", default=[], metavar="ORIGIN",
                    help="origins allowed to call the server from a browser ('*' for any)")  # fmt: skip
+    a = p.add_argument_group("reasoning and responses")
+    a.add_argument("--reasoning-parser", choices=list(REASONING_PARSERS), default=None,
+                   help="split chat replies into the thinking (message.reasoning_content, Anthropic thinking "
+                   "blocks, Responses reasoning items) and the answer: qwen3 and deepseek_r1 read "
+                   "<think>...</think>, gpt_oss reads harmony channels (default: no split)")  # fmt: skip
+    a.add_argument("--max-stored-responses", type=non_negative_int, default=1000, metavar="N",
+                   help="/v1/responses kept in memory for previous_response_id and GET, least recently "
+                   "used dropped first; 0 keeps none (default: 1000)")  # fmt: skip
     r = p.add_argument_group("overload and shutdown")
     r.add_argument("--max-queued-requests", type=non_negative_int, default=None, metavar="N",
                    help="answer 503 (with Retry-After) at once to a generation request arriving while "
@@ -161,5 +173,6 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         served_model_name=args.served_model_name, startup_timeout=args.startup_timeout,
         api_key=args.api_key or ENV.api_key, cors_origins=tuple(args.cors_origins),
         max_queued_requests=args.max_queued_requests, request_timeout=args.request_timeout,
-        shutdown_timeout=args.shutdown_timeout,
+        shutdown_timeout=args.shutdown_timeout, reasoning_parser=args.reasoning_parser,
+        max_stored_responses=args.max_stored_responses,
     )  # fmt: skip

@@ -47,9 +47,10 @@ def make_parser(options: ChoiceOptions) -> BaseToolParser | None:
 
 @dataclass
 class ChoiceUpdate:
-    """What one delta adds to the choice's visible output."""
+    """What one delta adds to the choice's visible output (`reasoning`: the thinking, apart)."""
 
     content: str = ""
+    reasoning: str = ""
     calls: list[ToolCallDelta] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
@@ -62,6 +63,7 @@ class ChoiceState:
         self.parser = make_parser(options)
         self.echo_text = echo_text  # the client's prompt string (else the detokenizer's text)
         self.content_parts: list[str] = []
+        self.reasoning_parts: list[str] = []
         self.calls: list[dict[str, Any]] = []
         self.logprobs: list[TokenLogprob] = []
         self.token_ids: list[int] = []
@@ -81,6 +83,7 @@ class ChoiceState:
                 update.logprobs += delta.prompt_logprobs or []
         self.started = True
         self.token_ids.extend(delta.token_ids)
+        update.reasoning = delta.reasoning  # split by the detokenizer; tool calls are read from the answer only
         if self.options.logprobs:
             update.logprobs += delta.logprobs or []
         parsed = self.parser.feed(delta.text) if self.parser is not None else ParsedDelta(delta.text)
@@ -118,6 +121,8 @@ class ChoiceState:
     def _record(self, update: ChoiceUpdate) -> None:
         if update.content:
             self.content_parts.append(update.content)
+        if update.reasoning:
+            self.reasoning_parts.append(update.reasoning)
         for call in update.calls:
             if call.id is not None:
                 self.calls.append({"id": call.id, "type": "function",
@@ -129,3 +134,7 @@ class ChoiceState:
     @property
     def text(self) -> str:
         return "".join(self.content_parts)
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(self.reasoning_parts)

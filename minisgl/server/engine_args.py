@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import fields
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, get_args
 
-from minisgl.engine.config import DType, EngineConfig
-from minisgl.platform.kernel_config import KernelConfig
+from minisgl.engine.config import DType, EngineConfig, EngineTask, KVCacheDType, Weights
+from minisgl.platform.kernel_config import CpuIsa, KernelConfig
 from minisgl.scheduler.config import SchedulerConfig
 
 SERVER_PREFILL_TOKENS = 8192  # the server's --max-prefill-tokens default (latency)
@@ -60,7 +60,10 @@ KERNEL_SWITCHES: dict[str, str] = {
     "cpu_kernels": "the bf16 C++ CPU kernels (GEMV, RMSNorm, rotary, SiLU)",
     "cpu_attn_kernel": "the bf16 C++ CPU decode attention",
 }
-assert set(KERNEL_SWITCHES) == {f.name for f in fields(KernelConfig)}, "every KernelConfig field needs a flag"
+# KernelConfig's fields that are choices, not switches, each with its own flag.
+KERNEL_CHOICES = ("cpu_isa",)
+assert set(KERNEL_SWITCHES) | set(KERNEL_CHOICES) == {f.name for f in fields(KernelConfig)}, (
+    "every KernelConfig field needs a flag")  # fmt: skip
 
 
 def flag(name: str) -> str:
@@ -87,13 +90,24 @@ def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -
     m.add_argument("--dtype", default="auto", choices=list(DType.__args__),  # type: ignore[attr-defined]
                    help="weight and activation dtype (default: auto = bfloat16 on CUDA and on CPUs with "
                    "native bf16, else float32)")  # fmt: skip
+    m.add_argument("--weights", default="auto", choices=list(Weights.__args__),  # type: ignore[attr-defined]
+                   help="how a GGUF model's weights are held: gguf = its quantized blocks as shipped, run by "
+                   "the quantized CPU kernels (fp32 activations; CPU, one rank); float32 / bfloat16 = "
+                   "dequantized (float32: the exact-vs-Hugging Face mode) (default: auto = gguf for a .gguf "
+                   "model on CPU with --dtype auto, else the --dtype's)")  # fmt: skip
     m.add_argument("--dummy-weights", action="store_true", help="random weights (benchmarks without a checkpoint)")
     m.add_argument("--max-model-len", type=positive_int, default=None, help="cap on the context length")
     m.add_argument("--seed", type=int, default=defaults.seed, help="random seed of the engine (default: 0)")
+    m.add_argument("--task", default=defaults.task, choices=list(EngineTask.__args__),  # type: ignore[attr-defined]
+                   help="generate (text) or embed (/v1/embeddings: last-token pooling); default: auto = embed "
+                   "for a checkpoint with sentence-transformers pooling or without an LM head (Qwen3Model)")  # fmt: skip
     d = parser.add_argument_group("device and parallelism")
     d.add_argument("--device", type=device, default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     d.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size: one scheduler per rank")
     d.add_argument("--attn", default=None, help="attention backend (default: triton on CUDA, torch on CPU)")
+    d.add_argument("--cpu-isa", default=KernelConfig().cpu_isa, choices=list(CpuIsa.__args__),  # type: ignore[attr-defined]
+                   help="code path of the CPU kernels (quantized GGUF matmuls): auto = the best this CPU runs; "
+                   "avx512, avx2 or portable force one (default: auto)")  # fmt: skip
     d.add_argument("--cuda-graph-max-bs", type=int, default=defaults.cuda_graph_max_bs,
                    help="largest batch captured in a CUDA graph; 0 off")  # fmt: skip
     k = parser.add_argument_group("KV cache and scheduling")
@@ -102,6 +116,12 @@ def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -
     size = k.add_mutually_exclusive_group()
     size.add_argument("--num-pages", type=positive_int, default=None, help="KV pool size in pages")
     size.add_argument("--kv-cache-gb", type=positive_float, default=None, help="KV pool size in GiB")
+    k.add_argument("--kv-cache-dtype", default=defaults.kv_cache_dtype, choices=list(get_args(KVCacheDType)),
+                   help="KV cache element type: auto = the model dtype; fp8_e4m3 = float8 pages with the "
+                   "checkpoint's per-layer scales (else 1.0), twice the tokens per GiB (default: auto)")  # fmt: skip
+    k.add_argument("--calculate-kv-scales", action=argparse.BooleanOptionalAction, default=defaults.calculate_kv_scales,
+                   help="fp8 KV cache of a checkpoint without KV scales: measure per-layer scales on a "
+                   "calibration prefill at start-up; off: scales 1.0 (default: on)")  # fmt: skip
     k.add_argument("--max-running-requests", type=positive_int, default=sched.max_running_requests,
                    help="requests decoded together")  # fmt: skip
     prefill_help = ("prefill tokens per step (default: the platform's offline budget, 16384 on GPUs of >= 70 GiB, "
@@ -131,6 +151,10 @@ def check_engine_args(args: argparse.Namespace) -> str | None:
     """What is wrong with the flags beyond their own types (a sentence), or None."""
     if args.cuda_graph_max_bs < 0:
         return "--cuda-graph-max-bs must be >= 0"
+    if args.weights == "gguf" and args.tp > 1:
+        return f"--weights gguf runs at one rank: for --tp {args.tp} pass --weights float32 or bfloat16"
+    if args.weights == "gguf" and args.model is not None and not args.model.endswith(".gguf"):
+        return f"--weights gguf needs a .gguf model, got {args.model}: pass --weights float32 or bfloat16"
     return None
 
 
@@ -138,10 +162,12 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
     """The EngineConfig the flags say (`overrides`: fields the caller sets itself, e.g. tp_rank)."""
     values: dict[str, Any] = dict(
         model=args.model, device=args.device, dtype=args.dtype, page_size=args.page_size,
-        num_pages=args.num_pages, kv_cache_gb=args.kv_cache_gb, dummy_weights=args.dummy_weights,
+        num_pages=args.num_pages, kv_cache_gb=args.kv_cache_gb, kv_cache_dtype=args.kv_cache_dtype,
+        calculate_kv_scales=args.calculate_kv_scales, dummy_weights=args.dummy_weights,
         attn=args.attn, tp_size=args.tp, cuda_graph_max_bs=args.cuda_graph_max_bs,
         max_running_requests=args.max_running_requests, max_model_len=args.max_model_len, seed=args.seed,
-        pad_eager=args.pad_eager, kernels=KernelConfig(**{name: getattr(args, name) for name in KERNEL_SWITCHES}),
+        pad_eager=args.pad_eager, weights=args.weights, task=args.task,
+        kernels=KernelConfig(**{name: getattr(args, name) for name in (*KERNEL_SWITCHES, *KERNEL_CHOICES)}),
     )  # fmt: skip
     return EngineConfig(**{**values, **overrides})
 

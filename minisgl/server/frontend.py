@@ -19,6 +19,8 @@ from typing import Protocol
 from minisgl.message.codec import WIRE
 from minisgl.message.frontend import (
     DetokenizedMsg,
+    EmbeddingMsg,
+    EmbeddingOut,
     ErrorMsg,
     QueryErrorMsg,
     QueryReply,
@@ -34,7 +36,7 @@ from minisgl.utils.zmq import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 
 logger = get_logger(__name__)
 
-Reply = TextDelta | ErrorMsg
+Reply = TextDelta | ErrorMsg | EmbeddingOut  # an EmbeddingOut (finish_reason "stop") ends its request
 
 
 class ReplyObserver(Protocol):
@@ -275,6 +277,11 @@ class FrontendManager:
                 inbox = self._inboxes.get(delta.rid)
                 if inbox is not None:  # else: finished or aborted already
                     inbox.push(delta)
+        elif isinstance(msg, EmbeddingMsg):
+            for out in msg.outs:
+                inbox = self._inboxes.get(out.rid)
+                if inbox is not None:
+                    inbox.push(out)
         elif isinstance(msg, ErrorMsg):
             if self.observer is not None:
                 self.observer.reply(msg)

@@ -115,7 +115,9 @@ def _load_model_config(config: ServerConfig) -> tuple[str, ModelConfig]:
     from minisgl.models.source import ModelSourceError, resolve_model_dir
 
     try:
-        model_dir = str(resolve_model_dir(config.engine.model))
+        # Config and tokenizer suffice here; a GGUF's float32 weights, if the engine wants them,
+        # are converted by the engine (--weights gguf reads the file's blocks instead).
+        model_dir = str(resolve_model_dir(config.engine.model, float_weights=False))
         model_config = ModelConfig.from_dir(model_dir)
     except (ModelSourceError, ValueError, OSError, KeyError) as exc:
         fail(f"cannot load model {config.engine.model or '(default)'}: {exc}")
@@ -200,7 +202,8 @@ def _serve(config: ServerConfig, procs: ServiceProcesses, sock: socket.socket, s
     from minisgl.server.api_server import AppState, create_app
 
     state = AppState(procs.frontend_addrs, served, context_len, procs.health, started=int(time.time()),
-                     api_key=config.api_key, cors_origins=list(config.cors_origins))  # fmt: skip
+                     api_key=config.api_key, cors_origins=list(config.cors_origins),
+                     reasoning_parser=config.reasoning_parser, max_stored_responses=config.max_stored_responses)  # fmt: skip
     # Admission control (server/admission.py): in-flight bound, deadline, drain on SIGTERM.
     queued = config.max_queued_requests
     limit = None if queued is None else config.sched.max_running_requests + queued

@@ -74,7 +74,7 @@ class ServiceProcesses:
         if config.parallel.is_head:
             tok = TokenizerAddrs(recv=a["tokenizer"], schedulers=heads, frontend=a["frontend"])
             self._specs.append(("tokenizer", run_tokenizer, dict(model_dir=model_dir, context_len=context_len,
-                                                                 addrs=tok)))  # fmt: skip
+                                                                 addrs=tok, reasoning_parser=config.reasoning_parser)))  # fmt: skip
             # Stop-string aborts go straight to rank 0 of the request's replica.
             detok = DetokenizerAddrs(recv=a["detokenizer"], schedulers=heads, frontend=a["frontend"])
             self._specs.append(("detokenizer", run_detokenizer, dict(model_dir=model_dir, addrs=detok)))
@@ -89,7 +89,8 @@ class ServiceProcesses:
         tp = config.engine.tp_size
         per_node = tp // parallel.nnodes
         local_ranks = range(parallel.node_rank * per_node, (parallel.node_rank + 1) * per_node)
-        engine = replace(config.engine, model=model_dir)
+        # A GGUF stays named by its file: the engine keeps its blocks (--weights gguf) from it.
+        engine = config.engine if config.engine.gguf_model else replace(config.engine, model=model_dir)
         for replica in range(parallel.dp_size):
             rdzv = None
             if tp > 1:

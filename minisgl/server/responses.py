@@ -2,7 +2,8 @@
 
 Kept apart from the routes so the exact object shapes are in one place. Every choice carries
 vLLM's `stop_reason` next to `finish_reason`: the stop string or stop token id that ended it
-(None for EOS, length or a tool call).
+(None for EOS, length or a tool call). A chat reply's thinking (--reasoning-parser) goes in
+`reasoning_content`, and in `reasoning` as vLLM names it now, in messages and deltas alike.
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ class ResponseBuilder:
                 message: dict[str, Any] = {"role": "assistant", "content": c.text}
                 if c.calls:
                     message = {"role": "assistant", "content": c.text or None, "tool_calls": c.calls}
+                if c.reasoning:
+                    message.update(reasoning_content=c.reasoning, reasoning=c.reasoning)
                 choice = {"index": i, "message": message}
             else:
                 choice = {"index": i, "text": c.text}
@@ -140,6 +143,11 @@ class ResponseBuilder:
             self.pending[i] = []
             choice = self._choice(i, update.content, [], logprobs, update.finish_reason, update.stop_reason)
             return self._chunk([choice])
+        if update.reasoning and self.kind == "chat":
+            logprobs = self._logprobs(i, self.pending[i]) if self.pending[i] else None
+            self.pending[i] = []
+            delta_body = {"reasoning_content": update.reasoning, "reasoning": update.reasoning}
+            out += self._chunk([{"index": i, "delta": delta_body, "logprobs": logprobs, "finish_reason": None}])
         if update.content or update.calls:
             logprobs = self._logprobs(i, self.pending[i]) if self.pending[i] else None
             self.pending[i] = []

@@ -22,6 +22,8 @@ class AppState:
     cors_origins: list[str] = field(default_factory=list)
     max_body_bytes: int = MAX_BODY_BYTES  # larger bodies get 413 (access.BodyLimitMiddleware)
     frontend: FrontendManager | None = None
+    reasoning_parser: str | None = None  # --reasoning-parser (the split itself is the detokenizer's)
+    max_stored_responses: int = 1000  # /v1/responses store (responses_api.py)
     metrics: ServerMetrics = field(init=False)
 
     def __post_init__(self) -> None:

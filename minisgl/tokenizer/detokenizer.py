@@ -30,10 +30,11 @@ class DetokenizerAddrs:
     frontend: str
 
 
-def make_decoders(model_dir: str) -> tuple[BatchDecode, TokenText]:
-    """Batched decode and per-token text (for logprobs). Prefer the Rust `tokenizers` object
-    (fast to load, batched decode without space clean-up); fall back to transformers for
-    tokenizers without a tokenizer.json."""
+def make_decoders(model_dir: str) -> tuple[BatchDecode, TokenText, BatchDecode]:
+    """Batched decode, per-token text (for logprobs) and the batched decode that keeps special
+    tokens (reasoning parsers that read them). Prefer the Rust `tokenizers` object (fast to load,
+    batched decode without space clean-up); fall back to transformers for tokenizers without a
+    tokenizer.json."""
     path = Path(model_dir) / "tokenizer.json"
     if path.is_file():
         from tokenizers import Tokenizer
@@ -43,17 +44,18 @@ def make_decoders(model_dir: str) -> tuple[BatchDecode, TokenText]:
         def decode_fast(seqs: list[list[int]]) -> list[str]:
             return list(fast.decode_batch(seqs, skip_special_tokens=True))
 
-        return decode_fast, fast_token_text(fast)
+        def decode_fast_special(seqs: list[list[int]]) -> list[str]:
+            return list(fast.decode_batch(seqs, skip_special_tokens=False))
+
+        return decode_fast, fast_token_text(fast), decode_fast_special
     from transformers import AutoTokenizer
 
     slow: Any = AutoTokenizer.from_pretrained(model_dir)
 
-    def decode_hf(seqs: list[list[int]]) -> list[str]:
-        return [
-            slow.decode(seq, skip_special_tokens=True, clean_up_tokenization_spaces=False) for seq in seqs
-        ]
+    def decode_hf(seqs: list[list[int]], skip: bool = True) -> list[str]:
+        return [slow.decode(seq, skip_special_tokens=skip, clean_up_tokenization_spaces=False) for seq in seqs]
 
-    return decode_hf, slow_token_text(slow)
+    return decode_hf, slow_token_text(slow), lambda seqs: decode_hf(seqs, skip=False)
 
 
 def run_detokenizer(model_dir: str, addrs: DetokenizerAddrs, ready: ReadyReporter) -> None:

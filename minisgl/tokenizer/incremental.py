@@ -8,6 +8,9 @@ Pure logic (no sockets) so it is unit-tested directly. Three rules:
 - stop strings are never emitted: text that could still grow into a stop string is held back, and
   on a match the request finishes with "stop" (the caller aborts it in the scheduler); with
   `include_stop` the matched string is kept. A stop token id's own text is dropped likewise.
+A request with a reasoning parser (reasoning.py) has its emitted text split into thinking and
+answer after the stop strings were cut; a parser that reads special tokens (harmony) has its
+request decoded with them kept.
 Special tokens are skipped by the decode function; added non-special tokens (e.g. `<think>`)
 decode as one piece and so arrive whole.
 """
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from minisgl.core import FinishReason
 from minisgl.message.frontend import TextDelta, TokenLogprob
 from minisgl.message.tokenizer import DetokFacts, TokenOut, TokenOutMsg
+from minisgl.tokenizer.reasoning import BaseReasoningParser, ReasoningDelta, make_reasoning_parser
 from minisgl.tokenizer.token_text import TokenText, joined_text, logprob_entries
 from minisgl.utils.logging import get_logger
 
@@ -85,6 +89,11 @@ class DecodeState:
     unsent_ids: list[int] = field(default_factory=list)  # token ids not yet reported in a delta
     unsent_logprobs: list[TokenLogprob] | None = None  # their logprobs (requests that asked)
     prompt_logprobs: list[TokenLogprob] | None = None
+    reasoning: BaseReasoningParser | None = None
+
+    @property
+    def keeps_special(self) -> bool:
+        return self.reasoning is not None and self.reasoning.keeps_special_tokens
 
 
 @dataclass(slots=True)
@@ -99,10 +108,14 @@ class IncrementalDetokenizer:
     A request's facts (`register`) arrive in the same ordered stream as its outputs and before
     the first of them, so an output of an unknown request is one that ended already."""
 
-    def __init__(self, batch_decode: BatchDecode | None, token_text: TokenText | None = None) -> None:
+    def __init__(self, batch_decode: BatchDecode | None, token_text: TokenText | None = None,
+                 special_decode: BatchDecode | None = None) -> None:  # fmt: skip
         """`batch_decode` None: a model without a tokenizer; deltas carry token ids (and
-        logprobs) only, at the end of each request, with no per-step decoding."""
+        logprobs) only, at the end of each request, with no per-step decoding. `special_decode`:
+        the same decode keeping special tokens, for reasoning parsers that read them (default:
+        `batch_decode`)."""
         self._decode = batch_decode
+        self._special_decode = special_decode or batch_decode
         self._token_text = token_text or self._text_by_decode
         self._has_token_text = token_text is not None  # echo keeps special tokens through it
         self.states: dict[int, DecodeState] = {}
@@ -117,6 +130,8 @@ class IncrementalDetokenizer:
             stop_token_ids=frozenset(facts.stop_token_ids), min_tokens=facts.min_tokens, replica=facts.replica,
             echo_ids=list(facts.echo_ids) or None,
         )  # fmt: skip
+        if facts.reasoning_parser is not None:
+            self.states[facts.rid].reasoning = make_reasoning_parser(facts.reasoning_parser, facts.in_reasoning)
 
     def handle(self, msg: TokenOutMsg) -> DetokResult:
         """One scheduler iteration: register the new requests, then decode every output."""
@@ -149,11 +164,7 @@ class IncrementalDetokenizer:
                 logger.debug("detokenizer: output of request %d, which has ended", out.rid)
         if not live:
             return result
-        windows: list[list[int]] = []
-        for _, state in live:
-            windows.append(state.ids[state.prefix_offset : state.read_offset])
-            windows.append(state.ids[state.prefix_offset :])
-        texts = self._decode(windows)
+        texts = self._decode_windows([state for _, state in live])
         for i, (out, state) in enumerate(live):
             new_text = self._advance(state, texts[2 * i], texts[2 * i + 1], out.finish_reason is not None)
             self._emit(result, out, state, new_text)
@@ -173,6 +184,23 @@ class IncrementalDetokenizer:
             if out.finish_reason is not None:
                 self._emit(result, out, state, "")
         return result
+
+    def _decode_windows(self, states: list[DecodeState]) -> list[str]:
+        """Per state its emitted window's text and its whole window's text: one batched call
+        (two when some requests keep special tokens)."""
+        assert self._decode is not None and self._special_decode is not None
+        windows = [w for s in states for w in (s.ids[s.prefix_offset : s.read_offset], s.ids[s.prefix_offset :])]
+        special = [i for i, s in enumerate(states) if s.keeps_special]
+        if not special:
+            return self._decode(windows)
+        plain = [i for i, s in enumerate(states) if not s.keeps_special]
+        texts = [""] * len(windows)
+        for decode, group in ((self._decode, plain), (self._special_decode, special)):
+            if group:
+                decoded = decode([windows[j] for i in group for j in (2 * i, 2 * i + 1)])
+                for k, i in enumerate(group):
+                    texts[2 * i], texts[2 * i + 1] = decoded[2 * k], decoded[2 * k + 1]
+        return texts
 
     @staticmethod
     def _advance(state: DecodeState, prefix_text: str, full_text: str, final: bool) -> str:
@@ -201,8 +229,15 @@ class IncrementalDetokenizer:
         elif finish is not None:
             text += state.stop.flush()
             stop_reason = self._stop_token(state, out)
+        split = ReasoningDelta("", text)
+        if state.reasoning is not None:
+            split = state.reasoning.feed(text)
+            if finish is not None:
+                rest = state.reasoning.finish()
+                split = ReasoningDelta(split.reasoning + rest.reasoning, split.content + rest.content)
+            text = split.content
         echo = state.echo_ids is not None and (bool(out.token_ids) or finish is not None)
-        if not text and finish is None and not echo:
+        if not text and not split.reasoning and finish is None and not echo:
             return  # nothing to show yet; its token ids ride along with the next delta
         delta = TextDelta(
             rid=out.rid,
@@ -214,6 +249,7 @@ class IncrementalDetokenizer:
             completion_tokens=out.output_tokens,
             stop_reason=stop_reason,
             logprobs=state.unsent_logprobs,
+            reasoning=split.reasoning,
         )
         if echo and state.echo_ids is not None:
             ids = state.echo_ids

@@ -31,6 +31,7 @@ from minisgl.message.tokenizer import (
 )
 from minisgl.tokenizer.chat import ChatRenderer, ChatTemplateError
 from minisgl.tokenizer.incremental import PROMPT_TAIL
+from minisgl.tokenizer.reasoning import mark_reasoning, reasoning_parser_class
 
 
 class PromptError(ValueError):
@@ -55,12 +56,15 @@ def load_hf_tokenizer(model_dir: str) -> Any:
 class RequestTokenizer:
     """Turns a `TokenizeMsg` into the scheduler's request, or into an error for the client."""
 
-    def __init__(self, tokenizer: Any, limits: EngineLimitsMsg) -> None:
+    def __init__(self, tokenizer: Any, limits: EngineLimitsMsg, reasoning_parser: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.context_len = limits.context_len
         self.vocab_size = limits.vocab_size
         self.pool_tokens = limits.pool_tokens
         self.chat = ChatRenderer(tokenizer)
+        self.reasoning_parser = reasoning_parser
+        if reasoning_parser is not None:
+            reasoning_parser_class(reasoning_parser)  # an unknown name fails at start-up
 
     def handle(self, msg: TokenizeMsg) -> TokenizedMsg | ErrorMsg:
         try:
@@ -81,7 +85,8 @@ class RequestTokenizer:
             msg.rid, ids[-PROMPT_TAIL:], list(msg.stop), stop_token_ids=list(sampling.stop_token_ids),
             include_stop=msg.include_stop, min_tokens=sampling.min_tokens, echo_ids=ids if msg.echo else [],
         )  # fmt: skip
-        return Tokenized(TokenizedMsg(msg.rid, ids, sampling, facts), text)
+        mark_reasoning(facts, self.reasoning_parser, msg.prompt, text, sampling)
+        return Tokenized(TokenizedMsg(msg.rid, ids, sampling, facts, msg.pooling), text)
 
     def query(self, msg: TokenizeQueryMsg | DetokenizeQueryMsg) -> QueryReply:
         """`/tokenize` and `/detokenize`."""

@@ -69,7 +69,8 @@ def _await_limits(recv: ZmqPullQueue[object], replicas: int) -> list[EngineLimit
     return reports
 
 
-def run_tokenizer(model_dir: str, context_len: int, addrs: TokenizerAddrs, ready: ReadyReporter) -> None:
+def run_tokenizer(model_dir: str, context_len: int, addrs: TokenizerAddrs, ready: ReadyReporter,
+                  reasoning_parser: str | None = None) -> None:  # fmt: skip
     """Process entry point: `context_len` is the launcher's (from the model's config); the
     engine's own figures arrive from the schedulers before this process reports ready."""
     from minisgl.utils.zmq import ZmqPullQueue, ZmqPushQueue
@@ -82,7 +83,7 @@ def run_tokenizer(model_dir: str, context_len: int, addrs: TokenizerAddrs, ready
     reports = _await_limits(recv, len(to_scheds))
     if reports is None:
         return
-    worker = RequestTokenizer(tokenizer, engine_limits(reports, context_len))
+    worker = RequestTokenizer(tokenizer, engine_limits(reports, context_len), reasoning_parser)
     ready.ready()
     while True:
         msg = recv.get()

@@ -27,7 +27,8 @@ def client(server: Server) -> Any:
 
 @pytest.fixture(scope="session")
 def offline() -> Any:
-    """The offline engine on the same weights: the reference for greedy outputs."""
+    """The offline engine on the same weights: the reference for greedy outputs (the servers run
+    `--dtype float32`: the dequantized fp32 model, tests/e2e/service.py)."""
     from minisgl import LLM
 
-    return LLM(device="cpu")
+    return LLM(device="cpu", dtype="float32")

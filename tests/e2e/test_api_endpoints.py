@@ -64,7 +64,7 @@ def value(metrics: dict[str, Any], name: str, **labels: str) -> float:
 def test_metrics_parse_and_move(server, client):
     before = scrape(server.port)
     for name in ("minisgl_num_requests_running", "minisgl_num_requests_waiting", "minisgl_kv_cache_usage_ratio",
-                 "minisgl_prefix_cache_hit_rate"):  # fmt: skip
+                 "minisgl_prefix_cache_hit_ratio"):  # fmt: skip
         assert name in before, sorted(before)
     r = client.chat.completions.create(model="m", messages=MSGS, max_tokens=4, temperature=0,
                                        extra_body={"ignore_eos": True})  # fmt: skip
@@ -82,7 +82,7 @@ def test_metrics_parse_and_move(server, client):
     assert value(after, "minisgl_inter_token_latency_seconds_count") - value(
         before, "minisgl_inter_token_latency_seconds_count") == 6  # 3 gaps per request
     assert 0 <= value(after, "minisgl_kv_cache_usage_ratio") <= 1
-    assert 0 < value(after, "minisgl_prefix_cache_hit_rate") <= 1
+    assert 0 < value(after, "minisgl_prefix_cache_hit_ratio") <= 1
     # Rejected requests count as errors.
     post_json(server.port, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 10**6})
     assert value(scrape(server.port), "minisgl_requests_total", finish_reason="error") >= 1

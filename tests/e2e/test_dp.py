@@ -44,7 +44,7 @@ def _greedy(llm: LLM, prompts: list[str], max_tokens: int = MAX_TOKENS) -> list[
     return [r.outputs[0].text for r in llm.generate(prompts, params, use_tqdm=False)]
 
 
-def replica_counters(port: int, name: str = "minisgl_replica_requests") -> dict[str, float]:
+def replica_counters(port: int, name: str = "minisgl_replica_requests_total") -> dict[str, float]:
     status, raw = request(port, "GET", "/metrics")
     assert status == 200
     found = re.findall(rf'^{name}{{[^}}]*replica="(\d+)"[^}}]*}} (\S+)$', raw.decode(), re.M)

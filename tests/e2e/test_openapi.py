@@ -20,7 +20,7 @@ from tests.e2e.service import Server, get_json, request, start_server, wait_idle
 FUZZ_SECONDS = 75
 BODY_ROUTES = {"/v1/chat/completions": "ChatCompletionRequest", "/v1/completions": "CompletionRequest",
                "/generate": "GenerateRequest", "/tokenize": "TokenizeRequest",
-               "/detokenize": "DetokenizeRequest"}  # fmt: skip
+               "/detokenize": "DetokenizeRequest", "/v1/embeddings": "EmbeddingRequest"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,18 @@ from minisgl.engine.resolve import resolve
 from minisgl.platform.cpu import CpuPlatform
 
 
+# `--dtype auto` decides for a dense checkpoint (a GGUF keeps its blocks on CPU with fp32
+# activations, `--weights gguf`: tests/unit/test_weights_config.py).
+DENSE = "/models/a-hugging-face-dir"
+
+
 def test_auto_dtype_follows_the_cpu(monkeypatch: pytest.MonkeyPatch, native_cpu_dtype: torch.dtype) -> None:
     assert CpuPlatform().default_dtype == native_cpu_dtype
-    assert resolve(EngineConfig(device="cpu"), CpuPlatform()).dtype == str(native_cpu_dtype).removeprefix("torch.")
+    assert resolve(EngineConfig(model=DENSE, device="cpu"), CpuPlatform()).dtype == str(native_cpu_dtype).removeprefix("torch.")
+    assert resolve(EngineConfig(device="cpu"), CpuPlatform()).weights == "gguf"
     monkeypatch.setattr("minisgl.platform.cpu.cpu_has_native_bf16", lambda: False)
     assert CpuPlatform().default_dtype == torch.float32
-    assert resolve(EngineConfig(device="cpu"), CpuPlatform()).dtype == "float32"
+    assert resolve(EngineConfig(model=DENSE, device="cpu"), CpuPlatform()).dtype == "float32"
 
 
 def test_unknown_dtype_is_a_clear_error() -> None:

@@ -25,7 +25,7 @@ NEW_TOKENS = 48
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM(device="cpu")
+    return LLM(device="cpu", weights="float32")  # the exact mode (the CPU default keeps the GGUF's blocks)
 
 
 def test_embedded_greedy_matches_hf(llm):

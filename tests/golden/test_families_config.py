@@ -1,11 +1,10 @@
 """Hub-style configs of issue 22's families read into the facts the models build from (defaults
 transformers assumes for missing keys, layer patterns, per-layer rope, LongRoPE), the LongRoPE
-table against transformers' own rope functions, and the Triton backend's refusal of a
-sliding-window model."""
+table against transformers' own rope functions. (The Triton backend runs these families' windows
+and soft-caps: tests/golden/test_triton_families_cpu.py.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
@@ -137,35 +136,3 @@ def test_unsupported_architecture_lists_the_families() -> None:
     with pytest.raises(ValueError, match="unsupported architecture 'GPTNeoXForCausalLM'.*Gemma3ForCausalLM.*Olmo2"):
         ModelConfig.from_dict({"architectures": ["GPTNeoXForCausalLM"], "hidden_size": 64,
                                "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100})  # fmt: skip
-
-
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-def test_triton_backend_refuses_a_sliding_window_model(tmp_path) -> None:
-    from minisgl import LLM
-    from minisgl.kernels.attention import is_interpreted
-    from tests.tiny_models import make_tiny_model
-
-    if not torch.cuda.is_available() and not is_interpreted():
-        pytest.skip("triton was imported in compiled mode before the interpreter could be selected")
-    make_tiny_model("gemma2", tmp_path / "gemma2")  # local and global layers, soft-capped logits
-    with pytest.raises(ValueError, match="does not implement sliding-window.*--attn torch"):
-        LLM(str(tmp_path / "gemma2"), device="cpu", attn="triton", page_size=4, num_pages=64)
-
-
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-def test_triton_backend_serves_a_uniform_window_model_capped_at_the_window(tmp_path) -> None:
-    """Every layer with one window (Mistral v0.1): exact on a backend without windows as long as no
-    sequence outgrows the window, so the served context is capped there instead of refused."""
-    from minisgl import LLM
-    from minisgl.kernels.attention import is_interpreted
-    from tests.tiny_models import make_tiny_model
-
-    if not torch.cuda.is_available() and not is_interpreted():
-        pytest.skip("triton was imported in compiled mode before the interpreter could be selected")
-    make_tiny_model("mistral_sw", tmp_path)
-    llm = LLM(str(tmp_path), device="cpu", attn="triton", page_size=4, num_pages=64)
-    window = ModelConfig.from_dir(tmp_path).sliding_window
-    assert window is not None and llm.engine.context_len == window
-    assert llm.engine.model_config.sliding_window is None
-    torch_llm = LLM(str(tmp_path), device="cpu", attn="torch", page_size=4, num_pages=64)
-    assert torch_llm.engine.context_len > window  # the torch backend serves the whole context

@@ -26,6 +26,7 @@ from pathlib import Path
 from minisgl.core import Req, SamplingParams
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import LogprobEntry, PromptChunk, StepPlan
+from minisgl.models.pooling import PoolerConfig
 from minisgl.scheduler.scheduler import Scheduler
 
 NextToken = Callable[[Sequence[int]], int]
@@ -74,12 +75,30 @@ class FakePlatform:
         return 8192
 
 
+def fake_embedding(history: Sequence[int]) -> bytes:
+    """An embedding request's fake vector: the token history its last token attended to, as
+    float32 (so a test sees exactly what the pooled row read through its table)."""
+    return array("f", [float(t) for t in history]).tobytes()
+
+
+@dataclass
+class FakePooled:
+    """Stands in for `PooledRows`: the embedding requests of a step and their fake vectors."""
+
+    reqs: list[Req]
+    vectors: list[bytes]
+
+    def embeddings(self) -> list[bytes]:
+        return list(self.vectors)
+
+
 @dataclass
 class FakeLaunched:
     """Stands in for `LaunchedStep`: sampled requests and their tokens, no logprobs."""
 
     sampled_reqs: list[Req]
     tokens: list[int]
+    pooled: FakePooled | None = None
 
     def result(self) -> list[int]:
         return list(self.tokens)
@@ -137,8 +156,10 @@ class FakeEngine:
         eos_ids: Sequence[int] = (),
         max_running_requests: int = 256,
         next_token: NextToken | None = None,
+        pooler: PoolerConfig | None = None,
     ) -> None:
         self.pool = FakePool(page_size, num_pages)
+        self.pooler = pooler  # set: an embedding model (requests with `pooling` only)
         self.platform = FakePlatform()
         self.model_dir = Path("fake-model")  # no tokenizer: structured output is not faked
         self.context_len = context_len
@@ -186,17 +207,21 @@ class FakeEngine:
         record = StepRecord()
         sampled_reqs: list[Req] = []
         next_tokens: list[int] = []
+        pooled = FakePooled([], [])
         for req in plan.reqs:
             end = req.cached_len + req.extend_len
             history = self._read_back(req, end, true_ids[id(req)])
             sampled = end == req.total_len
             assert req.row is not None
             record.reqs.append(ReqStep(req.rid, req.row, req.cached_len, req.extend_len, req.total_len, sampled))
-            if sampled:
+            if sampled and req.pooling is not None:
+                pooled.reqs.append(req)
+                pooled.vectors.append(fake_embedding(history))
+            elif sampled:
                 sampled_reqs.append(req)
                 next_tokens.append(self.next_token(history))
         self.steps.append(record)
-        return FakeLaunched(sampled_reqs, next_tokens)
+        return FakeLaunched(sampled_reqs, next_tokens, pooled if pooled.reqs else None)
 
     def _resolve_pending(self, plan: StepPlan, prev: FakeLaunched | None) -> dict[int, list[int]]:
         """Each request's true token ids: host placeholders replaced by the previous step's samples."""

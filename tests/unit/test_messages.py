@@ -7,13 +7,15 @@ import sys
 
 import pytest
 
-from minisgl.core import SamplingParams
+from minisgl.core import PoolingParams, SamplingParams
 from minisgl.message import (
     AbortMsg,
     ChatPrompt,
     DetokenizedMsg,
     DetokenizeQueryMsg,
     DetokFacts,
+    EmbeddingMsg,
+    EmbeddingOut,
     EngineLimitsMsg,
     ErrorMsg,
     FinishedMsg,
@@ -91,6 +93,13 @@ EXAMPLES = [
     TokensMsg(query_id=6, token_ids=[1, 2, 3]),
     DetokenizedMsg(query_id=7, text="héllo"),
     QueryErrorMsg(query_id=8, message="token id 99999 is out of range", param="tokens"),
+    # Embedding requests (issue 24).
+    PoolingParams(dimensions=8),
+    TokenizeMsg(rid=10, prompt=TextPrompt("q"), sampling=SamplingParams(max_tokens=1), pooling=PoolingParams()),
+    TokenizedMsg(rid=11, input_ids=[1, 2], pooling=PoolingParams(dimensions=32)),
+    TokenOut(12, [], "stop", 2, 1, 0, embedding=b"\x00\x00\x80?"),
+    EmbeddingOut(rid=14, embedding=b"\x00" * 8, prompt_tokens=3, cached_tokens=0),
+    EmbeddingMsg([EmbeddingOut(12, b"\x00\x00\x80?", 2, 1), EmbeddingOut(13, b"", 1)]),
 ]
 
 

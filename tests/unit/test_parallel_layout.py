@@ -144,8 +144,8 @@ def test_stats_summed_and_per_replica_in_metrics():
     total = stats.total
     assert (total.requests, total.running, total.total_pages, total.free_pages, total.aborted) == (8, 3, 200, 140, 2)
     text = ServerMetrics("m").render(stats).decode()
-    assert re.search(r'^minisgl_replica_requests\{model_name="m",replica="0"\} 3\.0$', text, re.M)
-    assert re.search(r'^minisgl_replica_requests\{model_name="m",replica="1"\} 5\.0$', text, re.M)
+    assert re.search(r'^minisgl_replica_requests_total\{model_name="m",replica="0"\} 3\.0$', text, re.M)
+    assert re.search(r'^minisgl_replica_requests_total\{model_name="m",replica="1"\} 5\.0$', text, re.M)
     assert re.search(r'^minisgl_replica_kv_cache_usage_ratio\{model_name="m",replica="1"\} 0\.5$', text, re.M)
     assert re.search(r'^minisgl_kv_cache_usage_ratio\{model_name="m"\} 0\.3$', text, re.M)
     assert re.search(r'^minisgl_num_requests_running\{model_name="m"\} 3\.0$', text, re.M)

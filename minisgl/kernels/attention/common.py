@@ -1,6 +1,11 @@
 """What the extend and decode kernels share: the online-softmax step over one block of keys,
 the block and precision choices, the layout checks.
 
+Per layer, two compile-time switches change the step: SOFTCAP runs the scores through
+`cap * tanh(s / cap)` before softmax (Gemma 2), and the callers' WINDOWED masks keys that slid out
+of a sliding window (and skips the blocks wholly outside it). With both off the kernels compile to
+the plain causal code, so the tuned launches stay what they measured.
+
 Both kernels reach K/V only through the token table (`token_table[row, pos]` is the slot of
 position `pos`), so page size never matters here and the new tokens' K/V are read the same way as
 the prefix once the backend has stored them. Softmax runs in base 2 (`exp2`) with `sm_scale * log2 e`
@@ -33,14 +38,22 @@ def _attend_block(
     stride_ks,
     stride_vs,
     qk_scale,
+    cap_scale,
     PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
-    """One online-softmax step over a block of key positions; returns the updated (acc, m, l)."""
+    """One online-softmax step over a block of key positions; returns the updated (acc, m, l).
+
+    Scores come out in base 2: `dot * qk_scale` (qk_scale = sm_scale * log2 e), or with SOFTCAP
+    `tanh(dot * qk_scale) * cap_scale` (qk_scale = sm_scale / cap, cap_scale = cap * log2 e)."""
     # int64 before scaling by the slot stride: large pools overflow int32 element offsets.
     slots = tl.load(table_row_ptr + kv_pos, mask=kv_mask, other=0).to(tl.int64)
     kv_load_mask = kv_mask[:, None] & d_mask[None, :]
-    k = tl.load(k_head_ptr + slots[:, None] * stride_ks + offs_d[None, :], mask=kv_load_mask, other=0.0)
+    # .to(q.dtype): a float8 cache is widened in registers (a no-op when the cache is q's dtype).
+    k = tl.load(k_head_ptr + slots[:, None] * stride_ks + offs_d[None, :], mask=kv_load_mask, other=0.0).to(q.dtype)
     scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    if SOFTCAP:
+        scores = _tanh(scores) * cap_scale
     scores = tl.where(score_mask, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
     # A row that has seen no key yet keeps m = -inf; shift by 0 instead so exp2 gives 0, not NaN.
@@ -48,9 +61,23 @@ def _attend_block(
     alpha = tl.exp2(m_i - m_shift)
     p = tl.exp2(scores - m_shift[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_head_ptr + slots[:, None] * stride_vs + offs_d[None, :], mask=kv_load_mask, other=0.0)
+    v = tl.load(v_head_ptr + slots[:, None] * stride_vs + offs_d[None, :], mask=kv_load_mask, other=0.0).to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, m_new, l_i
+
+
+@triton.jit
+def _tanh(x):
+    """tanh without libdevice (the interpreter has none): sign(x) (1 - e^-2|x|) / (1 + e^-2|x|),
+    which never overflows, for |x| >= 0.3; below, where 1 - e^-2|x| would cancel (a relative error
+    of 3e-5 at |x| = 1e-3, and scores over Gemma 2's cap of 50 sit there), its Taylor series to
+    x^11 (truncation under 1e-9 relative)."""
+    t = tl.exp2(tl.abs(x) * (-2.0 * 1.4426950408889634))
+    y = (1.0 - t) / (1.0 + t)
+    big = tl.where(x < 0, -y, y)
+    x2 = x * x
+    small = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0 + x2 * (62.0 / 2835.0 - x2 * (1382.0 / 155925.0))))))
+    return tl.where(tl.abs(x) < 0.3, small, big)
 
 
 def is_interpreted() -> bool:
@@ -73,11 +100,20 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _score_scales(sm_scale: float, softcap: float | None) -> tuple[float, float]:
+    """(qk_scale, cap_scale) for `_attend_block`: base-2 scores, soft-capped when `softcap` is set."""
+    if softcap is None:
+        return sm_scale * _LOG2E, 0.0
+    assert softcap > 0, softcap
+    return sm_scale / softcap, softcap * _LOG2E
+
+
 def _check_layout(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int]:
     assert q.dim() == 3 and k_cache.dim() == 3 and v_cache.shape == k_cache.shape
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[1]
     assert k_cache.shape[2] == head_dim and num_heads % num_kv_heads == 0
     assert q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
-    assert q.dtype == k_cache.dtype == v_cache.dtype
+    # The cache is q's dtype, or float8 (its scales passed as k_scale / v_scale).
+    assert k_cache.dtype == v_cache.dtype and k_cache.dtype in (q.dtype, torch.float8_e4m3fn)
     return num_heads, num_kv_heads, head_dim

@@ -1,5 +1,7 @@
 """Triton split-K paged decode attention: one query token per request; each (request, KV
-head) is cut into splits read in parallel (stage 1), merged by their log-sum-exps (stage 2)."""
+head) is cut into splits read in parallel (stage 1), merged by their log-sum-exps (stage 2).
+With a sliding window the splits divide only the keys still inside it; a soft-cap bends the
+scores before softmax (both compile-time variants, see `common`)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,12 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from minisgl.kernels.attention.common import (
-    _LOG2E,
     _SMALL_BLOCKS,
     _attend_block,
     _block_d,
     _check_layout,
     _precision,
+    _score_scales,
 )
 from minisgl.kernels.impl import num_sms
 from minisgl.kernels.pdl import pdl_args
@@ -49,6 +51,9 @@ def _decode_split_kernel(
     seq_lens_ptr,
     order_ptr,
     qk_scale,
+    cap_scale,
+    v_scale,
+    window,
     stride_qb,
     stride_qh,
     stride_ks,
@@ -71,6 +76,8 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
     HAS_ORDER: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Stage 1: partial attention of all q heads of one kv head over one split of the sequence.
@@ -88,8 +95,15 @@ def _decode_split_kernel(
     row = tl.load(rows_ptr + req).to(tl.int64)
     # Each request divides its own length over the splits, in whole blocks; a short request leaves
     # trailing splits empty, and they only write (lse = -inf, o = 0), which the reduce ignores.
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * split_len
+    # WINDOWED: the query (position seq_len - 1) sees the last `window` keys, all of them, so the
+    # splits divide just those and need no extra mask.
+    if WINDOWED:
+        first = tl.maximum(seq_len - window, 0)
+        split_len = tl.cdiv(tl.cdiv(seq_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = first + split * split_len
+    else:
+        split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
 
     offs_h = tl.arange(0, BLOCK_H)
@@ -112,11 +126,11 @@ def _decode_split_kernel(
         kv_mask = kv_pos < end
         acc, m_i, l_i = _attend_block(
             acc, m_i, l_i, q, k_head_ptr, v_head_ptr, table_row_ptr, kv_pos, kv_mask,
-            kv_mask[None, :], offs_d, d_mask, stride_ks, stride_vs, qk_scale, PRECISION,
+            kv_mask[None, :], offs_d, d_mask, stride_ks, stride_vs, qk_scale, cap_scale, PRECISION, SOFTCAP,
         )  # fmt: skip
 
     # Store the normalized partial output and its base-2 log-sum-exp (-inf for an empty split).
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None] * v_scale  # v_scale: a float8 cache's
     if NUM_SPLITS == 1:  # seq_len 0 (a padded graph entry) gives 0, as stage 2 would
         o_ptrs = o_ptr + req.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
@@ -221,8 +235,13 @@ def decode_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """One query token per request, q [B, Hq, D], attending to all `seq_lens[b]` cached positions.
+    """One query token per request, q [B, Hq, D], attending to all `seq_lens[b]` cached positions
+    (with `window`, only the last `window` of them; `softcap`: `cap * tanh(s / cap)` scores).
 
     `num_splits` is a launch constant (no data-dependent grid, so CUDA graphs can capture it).
     `mid_o`/`mid_lse` may be larger than needed (static graph buffers): only [:B, :, :num_splits]
@@ -232,6 +251,7 @@ def decode_attention(
     """
     num_heads, num_kv_heads, head_dim = _check_layout(q, k_cache, v_cache)
     assert 1 <= num_splits
+    assert window is None or window > 0, window
     if out is None:
         out = torch.empty_like(q)
     batch_size = q.shape[0]
@@ -248,7 +268,7 @@ def decode_attention(
     _decode_split_kernel[(num_kv_heads, batch_size, num_splits)](
         q, k_cache, v_cache, mid_o, mid_lse, out,
         token_table, rows, seq_lens, order if order is not None else rows,
-        sm_scale * _LOG2E,
+        *_score_scales(sm_scale * k_scale, softcap), v_scale, window or 0,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1), token_table.stride(0),
@@ -260,6 +280,8 @@ def decode_attention(
         BLOCK_N=block_n,
         PRECISION=_precision(q.dtype),
         HAS_ORDER=order is not None,
+        WINDOWED=window is not None,
+        SOFTCAP=softcap is not None,
         # H200 sweep of uniform lengths: 2 warps best or tied from batch 1 to 256 (4 warps up to 10%
         # slower at D 64, 8 warps up to 60% slower); wider heads get 4 to keep tiles in registers.
         num_warps=num_warps or (2 if head_dim <= 128 else 4),

@@ -1,5 +1,5 @@
 """Triton paged attention of new tokens (prefill, chunked prefill) over a cached prefix: the
-causal extend kernel and its launch."""
+causal extend kernel and its launch, with an optional sliding window and logit soft-cap."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from minisgl.kernels.attention.common import (
-    _LOG2E,
     _SMALL_BLOCKS,
     _attend_block,
     _block_d,
     _check_layout,
     _precision,
+    _score_scales,
 )
 from minisgl.kernels.pdl import pdl_args
 
@@ -33,6 +33,9 @@ def _extend_kernel(
     extend_lens_ptr,
     extend_starts_ptr,
     qk_scale,
+    cap_scale,
+    v_scale,
+    window,
     stride_qt,
     stride_qh,
     stride_ks,
@@ -50,12 +53,17 @@ def _extend_kernel(
     PRECISION: tl.constexpr,
     LAST_BLOCKS_FIRST: tl.constexpr,
     PACK: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Without PACK a program is (request, q head, block of BLOCK_M queries). With PACK it is
     (request, KV head, block of BLOCK_M // GROUP queries), its BLOCK_M rows being every q head of
     the group for each query (row r: query r // GROUP, head r % GROUP of the group), so each K/V
-    tile loaded serves all the heads that share it."""
+    tile loaded serves all the heads that share it.
+
+    WINDOWED: query at position p sees keys in (p - window, p]; key blocks before the block's
+    first query's window are not visited at all."""
     if PDL:
         gdc_wait()  # the previous kernel's writes are visible from here on (kernels/pdl.py)
     req = tl.program_id(0)
@@ -99,13 +107,21 @@ def _extend_kernel(
 
     # Keys before this block's first query are visible to every query in it: no causal mask,
     # only the bound of the range (the bulk of the work for a long cached prefix).
+    # With a window each query also masks the keys it slid past, and the loop starts at the
+    # first query's oldest visible key: a long prefix costs at most the window.
     full_end = prefix_len + m_start
-    for start in range(0, full_end, BLOCK_N):
+    first = 0
+    if WINDOWED:
+        first = tl.maximum(full_end - window + 1, 0)
+    for start in range(first, full_end, BLOCK_N):
         kv_pos = start + offs_n
         kv_mask = kv_pos < full_end
+        visible = kv_mask[None, :]
+        if WINDOWED:
+            visible = visible & (kv_pos[None, :] > q_pos[:, None] - window)
         acc, m_i, l_i = _attend_block(
             acc, m_i, l_i, q, k_head_ptr, v_head_ptr, table_row_ptr, kv_pos, kv_mask,
-            kv_mask[None, :], offs_d, d_mask, stride_ks, stride_vs, qk_scale, PRECISION,
+            visible, offs_d, d_mask, stride_ks, stride_vs, qk_scale, cap_scale, PRECISION, SOFTCAP,
         )  # fmt: skip
     # The diagonal: keys among this block's own positions, masked causally.
     diag_end = tl.minimum(seq_len, full_end + QUERIES)
@@ -113,13 +129,15 @@ def _extend_kernel(
         kv_pos = start + offs_n
         kv_mask = kv_pos < diag_end
         causal = kv_mask[None, :] & (kv_pos[None, :] <= q_pos[:, None])
+        if WINDOWED:
+            causal = causal & (kv_pos[None, :] > q_pos[:, None] - window)
         acc, m_i, l_i = _attend_block(
             acc, m_i, l_i, q, k_head_ptr, v_head_ptr, table_row_ptr, kv_pos, kv_mask,
-            causal, offs_d, d_mask, stride_ks, stride_vs, qk_scale, PRECISION,
+            causal, offs_d, d_mask, stride_ks, stride_vs, qk_scale, cap_scale, PRECISION, SOFTCAP,
         )  # fmt: skip
 
     # Every real query sees at least its own key, so l > 0 on rows that are stored.
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None] * v_scale  # v_scale: a float8 cache's
     o_ptrs = o_ptr + (q_start + offs_m)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
@@ -178,6 +196,10 @@ def extend_attention(
     num_stages: int | None = None,
     pack: bool | None = None,
     max_seq_len: int | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of the new tokens q [T, Hq, D] over the paged cache [slots, Hkv, D].
 
@@ -185,8 +207,11 @@ def extend_attention(
     tests can cross block boundaries with small shapes. `last_blocks_first=False` launches the
     query blocks in position order instead, and `num_warps`/`num_stages`/`pack` override the tuned
     launch (sweeps). `max_seq_len` (host-side: the longest prefix + extend) picks the launch.
+    `window` (a sliding window: each query sees its last `window` positions, itself included) and
+    `softcap` (`cap * tanh(scores / cap)` before softmax) select the kernel variant; None: off.
     """
     num_heads, num_kv_heads, head_dim = _check_layout(q, k_cache, v_cache)
+    assert window is None or window > 0, window
     if out is None:
         out = torch.empty_like(q)
     batch_size = rows.shape[0]
@@ -206,7 +231,7 @@ def extend_attention(
     _extend_kernel[grid](
         q, k_cache, v_cache, out,
         token_table, rows, seq_lens, extend_lens, extend_starts,
-        sm_scale * _LOG2E,
+        *_score_scales(sm_scale * k_scale, softcap), v_scale, window or 0,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), token_table.stride(0),
         GROUP=group,
@@ -217,6 +242,8 @@ def extend_attention(
         PRECISION=_precision(q.dtype),
         LAST_BLOCKS_FIRST=last_blocks_first,
         PACK=pack,
+        WINDOWED=window is not None,
+        SOFTCAP=softcap is not None,
         num_warps=num_warps or config.num_warps,
         num_stages=num_stages or config.num_stages,
         **pdl_args(q.device),

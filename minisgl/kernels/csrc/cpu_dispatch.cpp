@@ -1,0 +1,206 @@
+// C entry points of the float CPU kernels (loaded with ctypes by minisgl/kernels/cpp_ext.py):
+// the runtime ISA choice (cpuid through __builtin_cpu_supports), the bounds checks on positions
+// and token-table reads, and the OpenMP split into tasks. Built with the compiler's default
+// flags; the ISA code lives in cpu_{avx512bf16,avx512,avx2,portable}.cpp.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+#include "cpu_kernels.h"
+
+MINISGL_CPU_DECLARE(portable)
+#if !defined(CPU_PORTABLE_ONLY) && defined(__x86_64__)
+#define MINISGL_CPU_HAVE_X86 1
+MINISGL_CPU_DECLARE(avx2)
+MINISGL_CPU_DECLARE(avx512)
+MINISGL_CPU_DECLARE(avx512bf16)
+namespace minisgl_cpu {
+namespace avx512bf16 {
+void linear_rows_dot(const LinearArgs& a, int64_t n0, int64_t n1);
+bool attention_fits(int64_t D, int64_t G);
+void attention_task_dot(const AttnArgs& a, int64_t task, float* scratch);
+}  // namespace avx512bf16
+}  // namespace minisgl_cpu
+#endif
+
+namespace minisgl_cpu {
+
+enum Status : int { OK = 0, BAD_ISA = 2, NO_MEMORY = 4, BAD_POSITION = 5, BAD_TABLE = 6, BAD_DTYPE = 7 };
+
+static int compiled_mask() {
+#ifdef MINISGL_CPU_HAVE_X86
+  return (1 << ISA_PORTABLE) | (1 << ISA_AVX2) | (1 << ISA_AVX512) | (1 << ISA_AVX512BF16);
+#else
+  return 1 << ISA_PORTABLE;
+#endif
+}
+
+static int cpu_mask() {
+  int mask = 1 << ISA_PORTABLE;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) mask |= 1 << ISA_AVX2;
+  if ((mask & (1 << ISA_AVX2)) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    mask |= 1 << ISA_AVX512;
+  if ((mask & (1 << ISA_AVX512)) && __builtin_cpu_supports("avx512bf16")) mask |= 1 << ISA_AVX512BF16;
+#endif
+  return mask;
+}
+
+static const int CPU_MASK = cpu_mask();
+
+static bool usable(int isa) { return isa >= 0 && isa < 8 && (compiled_mask() & CPU_MASK & (1 << isa)) != 0; }
+
+// fn(begin, end) over [0, n) split into one contiguous range per thread, at least `grain` tasks
+// each (as at::parallel_for splits).
+template <typename Fn>
+static void parallel(int64_t n, int64_t grain, int nthreads, const Fn& fn) {
+  if (n <= 0) return;
+  const int64_t chunks = (n + grain - 1) / grain;
+  const int nt = static_cast<int>(std::min<int64_t>(std::max(nthreads, 1), chunks));
+  if (nt <= 1) {
+    fn(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t t = omp_get_thread_num(), k = omp_get_num_threads();
+    const int64_t b = n * t / k, e = n * (t + 1) / k;
+    if (b < e) fn(b, e);
+  }
+}
+
+#ifdef MINISGL_CPU_HAVE_X86
+#define MINISGL_CPU_CALL(isa, fn, ...)                                     \
+  do {                                                                     \
+    if ((isa) == ISA_AVX512BF16) avx512bf16::fn(__VA_ARGS__);              \
+    else if ((isa) == ISA_AVX512) avx512::fn(__VA_ARGS__);                 \
+    else if ((isa) == ISA_AVX2) avx2::fn(__VA_ARGS__);                     \
+    else portable::fn(__VA_ARGS__);                                        \
+  } while (0)
+#else
+#define MINISGL_CPU_CALL(isa, fn, ...) portable::fn(__VA_ARGS__)
+#endif
+
+}  // namespace minisgl_cpu
+
+using namespace minisgl_cpu;
+
+extern "C" {
+
+int minisgl_cpu_isas_compiled() { return compiled_mask(); }
+int minisgl_cpu_isas_cpu() { return CPU_MASK; }
+
+int minisgl_cpu_rms_norm(int isa, int dt, const void* x, int64_t xs, const void* res, void* total, const void* w,
+                         void* out, int64_t T, int64_t H, double eps, int nthreads) {
+  if (!usable(isa)) return BAD_ISA;
+  const NormArgs a{x, xs, res, total, w, out, H, static_cast<float>(eps)};
+  parallel(T, 16, nthreads, [&](int64_t b, int64_t e) { MINISGL_CPU_CALL(isa, norm_rows, dt, a, b, e); });
+  return OK;
+}
+
+int minisgl_cpu_rotary(int isa, int dt, const int64_t* pos, const void* q, int64_t qs0, int64_t qs1, const void* k,
+                       int64_t ks0, int64_t ks1, int64_t T, int64_t Hq, int64_t Hk, int64_t D, const float* cos,
+                       const float* sin, int64_t P, const void* qw, const void* kw, double q_eps, double k_eps,
+                       void* qo, void* ko, int nthreads) {
+  if (!usable(isa)) return BAD_ISA;
+  for (int64_t t = 0; t < T; ++t)
+    if (pos[t] < 0 || pos[t] >= P) return BAD_POSITION;
+  const RotaryArgs a{pos, q, qs0, qs1, k, ks0, ks1, Hq, Hk, D, cos, sin, qw, kw,
+                     static_cast<float>(q_eps), static_cast<float>(k_eps), qo, ko};
+  parallel(T * (Hq + Hk), 8, nthreads, [&](int64_t b, int64_t e) { MINISGL_CPU_CALL(isa, rotary_tasks, dt, a, b, e); });
+  return OK;
+}
+
+int minisgl_cpu_silu_and_mul(int isa, int dt, const void* x, int64_t xs, int64_t T, int64_t I, void* out,
+                             int nthreads) {
+  if (!usable(isa)) return BAD_ISA;
+  const int64_t per_row = (I + SILU_CHUNK - 1) / SILU_CHUNK;  // small rows stay on one thread
+  const SiluArgs a{x, xs, I, per_row, out};
+  parallel(T * per_row, std::max<int64_t>(1, 8192 / SILU_CHUNK), nthreads,
+           [&](int64_t b, int64_t e) { MINISGL_CPU_CALL(isa, silu_tasks, dt, a, b, e); });
+  return OK;
+}
+
+// out [M, N] = x [M, K] @ w [N, K]^T (+ bias); threads split the weight rows (in blocks of 4).
+int minisgl_cpu_linear(int isa, int dt, const void* x, int64_t xs, int64_t M, const void* w, int64_t ws, int64_t N,
+                       int64_t K, const void* bias, void* out, int nthreads) {
+  if (!usable(isa)) return BAD_ISA;
+  LinearArgs a{x, xs, nullptr, w, ws, bias, out, M, N, K};
+  const int64_t blocks = (N + 3) / 4, grain = M == 1 ? 8 : 4;
+#ifdef MINISGL_CPU_HAVE_X86
+  if (isa == ISA_AVX512BF16 && dt == DT_BF16) {
+    parallel(blocks, grain, nthreads, [&](int64_t b, int64_t e) {
+      avx512bf16::linear_rows_dot(a, b * 4, std::min(N, e * 4));
+    });
+    return OK;
+  }
+#endif
+  std::vector<float> xf;  // x as fp32 rows, converted once (bf16: the value's bits shifted up)
+  if (dt == DT_BF16 || xs != K) {
+    xf.resize(static_cast<size_t>(M * K));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t kk = 0; kk < K; ++kk) {
+        if (dt == DT_BF16) {
+          const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(x)[m * xs + kk]) << 16;
+          __builtin_memcpy(&xf[m * K + kk], &bits, 4);
+        } else {
+          xf[m * K + kk] = static_cast<const float*>(x)[m * xs + kk];
+        }
+      }
+    a.xf = xf.data();
+  } else {
+    a.xf = static_cast<const float*>(x);
+  }
+  parallel(blocks, grain, nthreads, [&](int64_t b, int64_t e) {
+    MINISGL_CPU_CALL(isa, linear_rows, dt, a, b * 4, std::min(N, e * 4));
+  });
+  return OK;
+}
+
+int minisgl_cpu_decode_attention(int isa, int dt, const void* q, int64_t q_sb, int64_t q_sh, const void* k,
+                                 const void* v, int64_t kv_ss, int64_t kv_sh, const int32_t* table, int64_t t_sr,
+                                 int64_t t_rows, int64_t t_cols, const int64_t* rows, const int32_t* lens, int64_t B,
+                                 int64_t Hq, int64_t Hkv, int64_t D, double scale, void* out, int64_t o_sb,
+                                 int64_t o_sh, int nthreads) {
+  if (!usable(isa)) return BAD_ISA;
+  int64_t max_len = 0;
+  for (int64_t b = 0; b < B; ++b) {  // O(B): every read below stays inside the table
+    if (rows[b] < 0 || rows[b] >= t_rows || lens[b] < 0 || lens[b] > t_cols) return BAD_TABLE;
+    max_len = std::max<int64_t>(max_len, lens[b]);
+  }
+  const int64_t G = Hq / Hkv;
+  const AttnArgs a{q, q_sb, q_sh, k, v, kv_ss, kv_sh, table, t_sr, rows, lens, Hkv, G, D,
+                   static_cast<float>(scale), out, o_sb, o_sh};
+  bool bf16_dot = false;
+#ifdef MINISGL_CPU_HAVE_X86
+  bf16_dot = isa == ISA_AVX512BF16 && dt == DT_BF16 && avx512bf16::attention_fits(D, G);
+#endif
+  const int64_t tasks = B * Hkv;
+  const int64_t scratch = G * ((max_len + 15) / 16 * 16) + 2 * G * D + 2 * D + 64;
+  const int nt = static_cast<int>(std::min<int64_t>(std::max(nthreads, 1), std::max<int64_t>(tasks, 1)));
+  int status = OK;
+#pragma omp parallel num_threads(nt) reduction(| : status) if (nt > 1)
+  {
+    // 64-byte aligned: the accumulators' full-vector loads and stores must not split cache lines.
+    float* buf = static_cast<float*>(aligned_alloc(64, (sizeof(float) * scratch + 63) / 64 * 64));
+    if (buf == nullptr) status |= NO_MEMORY;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      if (buf == nullptr) continue;  // every thread still meets the loop (a worksharing construct)
+#ifdef MINISGL_CPU_HAVE_X86
+      if (bf16_dot) avx512bf16::attention_task_dot(a, task, buf);
+      else
+#endif
+        MINISGL_CPU_CALL(isa, attention_task, dt, a, task, buf);
+    }
+    free(buf);
+  }
+  return status;
+}
+
+}  // extern "C"

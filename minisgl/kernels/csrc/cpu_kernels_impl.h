@@ -1,0 +1,345 @@
+// The float CPU kernels, written once over an ISA traits struct `V` (see the ISA files:
+// cpu_portable.cpp, cpu_avx2.cpp, cpu_avx512.cpp). Included by each of them inside its own
+// namespace after defining `V`, so the three instantiations never share a symbol; nothing from
+// the standard library is used here (no template compiled under one ISA's target can be merged
+// into another's code).
+//
+// V provides: F (V::VL floats), zero, set1, load / store of fp32 and of bf16 (uint16_t bits; the
+// store rounds to nearest even, NaN -> 0x7fc0, as c10::BFloat16), round_bf16, add, sub, mul, div,
+// fma(a, b, c) = a*b + c, hsum, exp (the softmax's and SiLU's: ~1e-7 relative, 0 below -87,
+// NaN stays NaN), and the GEMM register tile NB weight rows x MB input rows.
+//
+// Rounding points follow the torch references (kernels/*_ref.py): for bf16 each op of the
+// reference rounds to bf16 (`rnd`), for fp32 `rnd` is the identity; the build uses
+// -ffp-contract=off, so no product and sum are fused where the reference rounds between them.
+
+using F = V::F;
+constexpr int VL = V::VL;
+
+// ---- scalar element access (the tails of the vector loops) -------------------------------------
+static inline float bits_f(uint32_t b) { float f; __builtin_memcpy(&f, &b, 4); return f; }
+static inline uint32_t f_bits(float f) { uint32_t b; __builtin_memcpy(&b, &f, 4); return b; }
+static inline float ld1(const float* p) { return *p; }
+static inline float ld1(const uint16_t* p) { return bits_f(static_cast<uint32_t>(*p) << 16); }
+static inline uint16_t to_bf16(float v) {
+  if (v != v) return 0x7fc0;
+  const uint32_t b = f_bits(v);
+  return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+static inline void st1(float* p, float v) { *p = v; }
+static inline void st1(uint16_t* p, float v) { *p = to_bf16(v); }
+static inline float rnd1(const float*, float v) { return v; }
+static inline float rnd1(const uint16_t*, float v) { return bits_f(static_cast<uint32_t>(to_bf16(v)) << 16); }
+static inline F rndv(const float*, F v) { return v; }
+static inline F rndv(const uint16_t*, F v) { return V::round_bf16(v); }
+static inline float exp1(float x) {
+  if (x != x) return x;
+  if (x < -87.f) return 0.f;
+  if (x > 88.3f) x = 88.3f;
+  const float t = x * 1.4426950408889634f;
+  const float n = __builtin_rintf(t), fr = t - n;
+  float p = 1.5403530393381609e-4f;
+  p = p * fr + 1.3333558146428443e-3f;
+  p = p * fr + 9.6181291076284772e-3f;
+  p = p * fr + 5.5504108664821580e-2f;
+  p = p * fr + 2.4022650695910071e-1f;
+  p = p * fr + 6.9314718055994531e-1f;
+  p = p * fr + 1.f;
+  return p * bits_f(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
+}
+
+// ---- RMSNorm ------------------------------------------------------------------------------------
+// One row of fp32 values `x` (already rounded to T) -> out = w * rnd(x * scale).
+template <typename T>
+static inline void norm_row(const float* x, const T* w, int64_t H, float eps, T* out) {
+  F acc = V::zero();
+  int64_t i = 0;
+  for (; i + VL <= H; i += VL) {
+    const F v = V::load(x + i);
+    acc = V::fma(v, v, acc);
+  }
+  float ss = V::hsum(acc);
+  for (; i < H; ++i) ss += x[i] * x[i];
+  const float scale = 1.f / __builtin_sqrtf(ss / static_cast<float>(H) + eps);
+  const F sv = V::set1(scale);
+  for (i = 0; i + VL <= H; i += VL) V::store(out + i, V::mul(V::load(w + i), rndv(w, V::mul(V::load(x + i), sv))));
+  for (; i < H; ++i) st1(out + i, ld1(w + i) * rnd1(w, x[i] * scale));
+}
+
+template <typename T>
+static void norm_rows_t(const NormArgs& a, int64_t t0, int64_t t1) {
+  const int64_t H = a.H;
+  float* row = static_cast<float*>(__builtin_malloc(sizeof(float) * (H + VL)));
+  const T* x = static_cast<const T*>(a.x);
+  const T* res = static_cast<const T*>(a.res);
+  const T* w = static_cast<const T*>(a.w);
+  T* out = static_cast<T*>(a.out);
+  T* total = static_cast<T*>(a.total);
+  for (int64_t t = t0; t < t1; ++t) {
+    const T* xr = x + t * a.xs;
+    int64_t i = 0;
+    if (res != nullptr) {  // total = rnd(x + res), the normalised row
+      const T* rr = res + t * H;
+      T* tr = total + t * H;
+      for (; i + VL <= H; i += VL) {
+        const F s = rndv(w, V::add(V::load(xr + i), V::load(rr + i)));
+        V::store(tr + i, s);
+        V::store(row + i, s);
+      }
+      for (; i < H; ++i) {
+        const float s = rnd1(w, ld1(xr + i) + ld1(rr + i));
+        st1(tr + i, s);
+        row[i] = s;
+      }
+    } else {
+      for (; i + VL <= H; i += VL) V::store(row + i, V::load(xr + i));
+      for (; i < H; ++i) row[i] = ld1(xr + i);
+    }
+    norm_row(row, w, H, a.eps, out + t * H);
+  }
+  __builtin_free(row);
+}
+
+void norm_rows(int dt, const NormArgs& a, int64_t t0, int64_t t1) {
+  if (dt == DT_BF16) norm_rows_t<uint16_t>(a, t0, t1);
+  else norm_rows_t<float>(a, t0, t1);
+}
+
+// ---- rotary -------------------------------------------------------------------------------------
+// Task = (token, head) over the q heads then the k heads. Neox halves, the reference's eager
+// rounding: out1 = rnd(rnd(x1 * c) + rnd(-x2 * s)), out2 = rnd(rnd(x2 * c) + rnd(x1 * s)), with
+// c, s the tables' values rounded to T.
+template <typename T>
+static void rotary_tasks_t(const RotaryArgs& a, int64_t t0, int64_t t1) {
+  const int64_t D = a.D, half = D / 2, H = a.Hq + a.Hk;
+  float* buf = static_cast<float*>(__builtin_malloc(sizeof(float) * (3 * D + 3 * VL) + sizeof(T) * (D + VL)));
+  float* c = buf;
+  float* s = c + half + VL;
+  float* x = s + half + VL;
+  T* normed = reinterpret_cast<T*>(x + D + VL);
+  const T* dummy = nullptr;
+  int64_t last_t = -1;
+  for (int64_t task = t0; task < t1; ++task) {
+    const int64_t t = task / H, h = task % H;
+    if (t != last_t) {
+      const float* cp = a.cos + a.pos[t] * half;
+      const float* sp = a.sin + a.pos[t] * half;
+      for (int64_t i = 0; i < half; ++i) { c[i] = rnd1(dummy, cp[i]); s[i] = rnd1(dummy, sp[i]); }
+      last_t = t;
+    }
+    const bool is_q = h < a.Hq;
+    const T* src = is_q ? static_cast<const T*>(a.q) + t * a.qs0 + h * a.qs1
+                        : static_cast<const T*>(a.k) + t * a.ks0 + (h - a.Hq) * a.ks1;
+    T* dst = is_q ? static_cast<T*>(a.qo) + (t * a.Hq + h) * D : static_cast<T*>(a.ko) + (t * a.Hk + h - a.Hq) * D;
+    for (int64_t i = 0; i < D; ++i) x[i] = ld1(src + i);
+    if (a.qw != nullptr) {
+      norm_row(x, static_cast<const T*>(is_q ? a.qw : a.kw), D, is_q ? a.q_eps : a.k_eps, normed);
+      for (int64_t i = 0; i < D; ++i) x[i] = ld1(normed + i);
+    }
+    int64_t i = 0;
+    const F zero = V::zero();
+    for (; i + VL <= half; i += VL) {
+      const F x1 = V::load(x + i), x2 = V::load(x + half + i), cv = V::load(c + i), sv = V::load(s + i);
+      V::store(dst + i, V::add(rndv(dummy, V::mul(x1, cv)), rndv(dummy, V::mul(V::sub(zero, x2), sv))));
+      V::store(dst + half + i, V::add(rndv(dummy, V::mul(x2, cv)), rndv(dummy, V::mul(x1, sv))));
+    }
+    for (; i < half; ++i) {
+      const float x1 = x[i], x2 = x[i + half];
+      st1(dst + i, rnd1(dummy, x1 * c[i]) + rnd1(dummy, -x2 * s[i]));
+      st1(dst + half + i, rnd1(dummy, x2 * c[i]) + rnd1(dummy, x1 * s[i]));
+    }
+  }
+  __builtin_free(buf);
+}
+
+void rotary_tasks(int dt, const RotaryArgs& a, int64_t t0, int64_t t1) {
+  if (dt == DT_BF16) rotary_tasks_t<uint16_t>(a, t0, t1);
+  else rotary_tasks_t<float>(a, t0, t1);
+}
+
+// ---- SiLU and mul -------------------------------------------------------------------------------
+// out = rnd(rnd(g / (1 + exp(-g))) * u)
+template <typename T>
+static void silu_tasks_t(const SiluArgs& a, int64_t t0, int64_t t1) {
+  const T* x = static_cast<const T*>(a.x);
+  T* out = static_cast<T*>(a.out);
+  const int64_t I = a.I;
+  const F one = V::set1(1.f), zero = V::zero();
+  for (int64_t task = t0; task < t1; ++task) {
+    const int64_t t = task / a.per_row, i0 = (task % a.per_row) * SILU_CHUNK;
+    const int64_t i1 = i0 + SILU_CHUNK < I ? i0 + SILU_CHUNK : I;
+    const T* g = x + t * a.xs;
+    const T* u = g + I;
+    T* o = out + t * I;
+    int64_t i = i0;
+    for (; i + VL <= i1; i += VL) {
+      const F gv = V::load(g + i);
+      const F sv = rndv(o, V::div(gv, V::add(one, V::exp(V::sub(zero, gv)))));
+      V::store(o + i, V::mul(sv, V::load(u + i)));
+    }
+    for (; i < i1; ++i) {
+      const float gv = ld1(g + i);
+      st1(o + i, rnd1(o, gv / (1.f + exp1(-gv))) * ld1(u + i));
+    }
+  }
+}
+
+void silu_tasks(int dt, const SiluArgs& a, int64_t t0, int64_t t1) {
+  if (dt == DT_BF16) silu_tasks_t<uint16_t>(a, t0, t1);
+  else silu_tasks_t<float>(a, t0, t1);
+}
+
+// ---- GEMV / small GEMM --------------------------------------------------------------------------
+// fp32 dot products of weight rows (T) with the fp32 input rows, one rounding to T at the end
+// (with a bias: rnd(s) + b, as F.linear's out + bias for bf16; for fp32 s + b).
+template <typename T>
+static inline float dot(const T* w, const float* x, int64_t K) {
+  F acc0 = V::zero(), acc1 = V::zero();
+  int64_t k = 0;
+  for (; k + 2 * VL <= K; k += 2 * VL) {
+    acc0 = V::fma(V::load(w + k), V::load(x + k), acc0);
+    acc1 = V::fma(V::load(w + k + VL), V::load(x + k + VL), acc1);
+  }
+  for (; k + VL <= K; k += VL) acc0 = V::fma(V::load(w + k), V::load(x + k), acc0);
+  float s = V::hsum(V::add(acc0, acc1));
+  for (; k < K; ++k) s += ld1(w + k) * x[k];
+  return s;
+}
+
+template <typename T>
+static inline void put(const LinearArgs& a, int64_t m, int64_t n, float s) {
+  const T* bias = static_cast<const T*>(a.bias);
+  T* out = static_cast<T*>(a.out) + m * a.N + n;
+  st1(out, bias != nullptr ? rnd1(out, s) + ld1(bias + n) : s);
+}
+
+// NB weight rows x MB input rows: each weight vector loaded feeds MB FMAs.
+template <typename T, int NB, int MB>
+static inline void tile(const T* w, int64_t ws, const float* x, int64_t K, float* res) {
+  F acc[NB][MB];
+  for (int j = 0; j < NB; ++j)
+    for (int i = 0; i < MB; ++i) acc[j][i] = V::zero();
+  int64_t k = 0;
+  for (; k + VL <= K; k += VL) {
+    F wv[NB];
+    for (int j = 0; j < NB; ++j) wv[j] = V::load(w + j * ws + k);
+    for (int i = 0; i < MB; ++i) {
+      const F xv = V::load(x + i * K + k);
+      for (int j = 0; j < NB; ++j) acc[j][i] = V::fma(wv[j], xv, acc[j][i]);
+    }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < NB; ++j) {
+      float s = V::hsum(acc[j][i]);
+      for (int64_t kk = k; kk < K; ++kk) s += ld1(w + j * ws + kk) * x[i * K + kk];
+      res[i * NB + j] = s;
+    }
+}
+
+template <typename T>
+static void linear_rows_t(const LinearArgs& a, int64_t n0, int64_t n1) {
+  constexpr int NB = V::NB, MB = V::MB;
+  const T* w = static_cast<const T*>(a.w);
+  const int64_t M = a.M, K = a.K;
+  float res[NB * MB];
+  int64_t n = n0;
+  if (M > 1) {
+    for (; n + NB <= n1; n += NB) {
+      int64_t m = 0;
+      for (; m + MB <= M; m += MB) {
+        tile<T, NB, MB>(w + n * a.ws, a.ws, a.xf + m * K, K, res);
+        for (int i = 0; i < MB; ++i)
+          for (int j = 0; j < NB; ++j) put<T>(a, m + i, n + j, res[i * NB + j]);
+      }
+      for (; m < M; ++m) {  // leftover input rows, one at a time
+        tile<T, NB, 1>(w + n * a.ws, a.ws, a.xf + m * K, K, res);
+        for (int j = 0; j < NB; ++j) put<T>(a, m, n + j, res[j]);
+      }
+    }
+  }
+  for (; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m) put<T>(a, m, n, dot(w + n * a.ws, a.xf + m * K, K));
+}
+
+void linear_rows(int dt, const LinearArgs& a, int64_t n0, int64_t n1) {
+  if (dt == DT_BF16) linear_rows_t<uint16_t>(a, n0, n1);
+  else linear_rows_t<float>(a, n0, n1);
+}
+
+// A K or V row as fp32: itself, or converted into `buf`.
+static inline const float* as_f32(const float* p, float*, int64_t) { return p; }
+static inline const float* as_f32(const uint16_t* p, float* buf, int64_t D) {
+  int64_t d = 0;
+  for (; d + VL <= D; d += VL) V::store(buf + d, V::load(p + d));
+  for (; d < D; ++d) buf[d] = ld1(p + d);
+  return buf;
+}
+
+// ---- paged decode attention ---------------------------------------------------------------------
+// One (request, KV head): the group's G query rows (scaled, fp32) against the request's keys,
+// a two-pass softmax in fp32 (NaN scores propagate), then p.v accumulated in fp32.
+template <typename T>
+static void attention_task_t(const AttnArgs& a, int64_t task, float* scratch) {
+  const int64_t D = a.D, G = a.G, b = task / a.Hkv, h = task % a.Hkv;
+  const int64_t L = a.lens[b], Lp = (L + 15) / 16 * 16;
+  const int32_t* slots = a.table + a.rows[b] * a.t_sr;
+  const T* kp = static_cast<const T*>(a.k);
+  const T* vp = static_cast<const T*>(a.v);
+  float* scores = scratch;
+  float* qf = scores + G * Lp;
+  float* acc = qf + G * D;
+  float* row = acc + G * D;
+  for (int64_t g = 0; g < G; ++g) {
+    const T* qr = static_cast<const T*>(a.q) + b * a.q_sb + (h * G + g) * a.q_sh;
+    for (int64_t d = 0; d < D; ++d) qf[g * D + d] = ld1(qr + d) * a.scale;
+  }
+  float m[64];  // G <= 64 (checked by the dispatcher)
+  for (int64_t g = 0; g < G; ++g) m[g] = -__builtin_inff();
+  for (int64_t l = 0; l < L; ++l) {
+    const float* kf = as_f32(kp + static_cast<int64_t>(slots[l]) * a.kv_ss + h * a.kv_sh, row, D);
+    for (int64_t g = 0; g < G; ++g) {
+      const float s = dot(kf, qf + g * D, D);
+      scores[g * Lp + l] = s;
+      if (!(s <= m[g])) m[g] = s;  // a NaN score makes the row NaN, as in the reference
+    }
+  }
+  float inv[64];
+  for (int64_t g = 0; g < G; ++g) {
+    float* sg = scores + g * Lp;
+    for (int64_t l = L; l < Lp; ++l) sg[l] = -__builtin_inff();  // exp gives 0
+    const F mv = V::set1(m[g]);
+    F sum = V::zero();
+    for (int64_t l = 0; l < Lp; l += VL) {  // Lp % 16 == 0 and VL divides 16
+      const F e = V::exp(V::sub(V::load(sg + l), mv));
+      V::store(sg + l, e);
+      sum = V::add(sum, e);
+    }
+    const float total = V::hsum(sum);
+    inv[g] = total > 0.f ? 1.f / total : 0.f;  // L == 0: an all-zero output
+    if (total != total) inv[g] = total;
+  }
+  for (int64_t i = 0; i < G * D; ++i) acc[i] = 0.f;
+  for (int64_t l = 0; l < L; ++l) {
+    const float* vf = as_f32(vp + static_cast<int64_t>(slots[l]) * a.kv_ss + h * a.kv_sh, row, D);
+    int64_t d;
+    for (int64_t g = 0; g < G; ++g) {
+      const float p = scores[g * Lp + l];
+      const F pv = V::set1(p);
+      float* ag = acc + g * D;
+      for (d = 0; d + VL <= D; d += VL) V::store(ag + d, V::fma(pv, V::load(vf + d), V::load(ag + d)));
+      for (; d < D; ++d) ag[d] += p * vf[d];
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    T* orow = static_cast<T*>(a.out) + b * a.o_sb + (h * G + g) * a.o_sh;
+    const F iv = V::set1(inv[g]);
+    int64_t d = 0;
+    for (; d + VL <= D; d += VL) V::store(orow + d, V::mul(V::load(acc + g * D + d), iv));
+    for (; d < D; ++d) st1(orow + d, acc[g * D + d] * inv[g]);
+  }
+}
+
+void attention_task(int dt, const AttnArgs& a, int64_t task, float* scratch) {
+  if (dt == DT_BF16) attention_task_t<uint16_t>(a, task, scratch);
+  else attention_task_t<float>(a, task, scratch);
+}
