@@ -62,7 +62,7 @@ ROUTES = [
     ("GET", "/docs/assets/swagger-ui.css", None, 200), ("GET", "/nope", None, 404),
     ("POST", "/tokenize", {"prompt": "x"}, 200), ("POST", "/detokenize", {"tokens": [1]}, 200),
     ("POST", "/generate", {"sampling_params": {}}, 400), ("POST", "/v1/completions", {"prompt": ""}, 400),
-    ("POST", CHAT, {"messages": []}, 400), ("POST", "/v1/embeddings", {}, 404),
+    ("POST", CHAT, {"messages": []}, 400), ("POST", "/v1/embeddings", {}, 400),
 ]  # fmt: skip
 
 
