@@ -14,12 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 import torch
 
 from minisgl.bench.offline import build_parser, make_workload
 from minisgl.models.config import ModelConfig
+from minisgl.platform import init_platform
+from minisgl.platform.base import BasePlatform
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}
 
@@ -49,18 +52,17 @@ def weight_bytes_per_step(config: ModelConfig, dtype_bytes: int) -> int:
     return total
 
 
-def measure_bandwidth(device: torch.device, gib: int = 2, iters: int = 20) -> float:
-    """Bytes per second of a device-to-device copy (read + write)."""
-    src = torch.empty(gib << 30, dtype=torch.uint8, device=device)
+def measure_bandwidth(platform: BasePlatform, gib: int = 2, iters: int = 20) -> float:
+    """Bytes per second of a device-to-device copy (read + write), timed between synchronizations."""
+    src = torch.empty(gib << 30, dtype=torch.uint8, device=platform.device)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    platform.synchronize()
+    start = time.perf_counter()
     for _ in range(iters):
         dst.copy_(src)
-    end.record()
-    end.synchronize()
-    return 2 * src.numel() * iters / (start.elapsed_time(end) / 1e3)
+    platform.synchronize()
+    return 2 * src.numel() * iters / (time.perf_counter() - start)
 
 
 def floor(args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
@@ -91,10 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.bandwidth is not None:
         bandwidth = args.bandwidth * 1e12
-    elif torch.cuda.is_available():
-        bandwidth = measure_bandwidth(torch.device("cuda"))
     else:
-        parser.error("no GPU to measure: pass --bandwidth TB/s")
+        platform = init_platform("auto")
+        if platform.name != "cuda":
+            parser.error("no GPU to measure: pass --bandwidth TB/s")
+        bandwidth = measure_bandwidth(platform)
     record = floor(args, bandwidth)
     if args.measured is not None:
         record["measured_tok_s"] = args.measured
