@@ -123,18 +123,24 @@ def test_the_api_server_encodes_each_message_once(tmp_path: Path, monkeypatch: p
     addr = f"ipc://{tmp_path}"
     tokenizer: ZmqPullQueue[object] = ZmqPullQueue(f"{addr}/t", WIRE)
 
-    async def main() -> list[TokenizeMsg]:
+    def receive() -> object:
+        # The sockets close with linger 0, so the messages are taken before the manager closes;
+        # a bounded wait makes a lost message a failure here, not a suite timeout.
+        assert tokenizer.poll(30_000), "the tokenizer queue got nothing within 30 s"
+        return tokenizer.get()
+
+    async def main() -> tuple[list[TokenizeMsg], list[object]]:
         fm = FrontendManager(FrontendAddrs(recv=f"{addr}/f", tokenizer=f"{addr}/t", scheduler=f"{addr}/s"))
         inbox = fm.open(3)
         msgs = [TokenizeMsg(rid, TextPrompt("hi"), SamplingParams(max_tokens=2)) for rid in inbox.rids]
         await fm.submit(msgs)
+        received = [receive() for _ in msgs]
         fm.release(inbox)
         await fm.close()
-        return msgs
+        return msgs, received
 
     try:
-        msgs = asyncio.run(main())
-        got = [tokenizer.get() for _ in msgs]
+        msgs, got = asyncio.run(main())
     finally:
         tokenizer.close()
     assert got == msgs
