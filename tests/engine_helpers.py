@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from minisgl.core import Req, SamplingParams
-from minisgl.engine.engine import Engine, StepPlan
+from minisgl.engine.engine import Engine
+from minisgl.engine.step import StepPlan
 
 
 def forward_logits(

@@ -7,7 +7,7 @@ inside `forward_context`, and samples the next token of every request that compl
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -24,7 +24,8 @@ from minisgl.engine.resolve import resolve
 from minisgl.engine.grammar import GrammarState, bitmask_width
 from minisgl.engine.penalties import PenaltyTracker
 from minisgl.engine.pooling import PooledRows
-from minisgl.engine.sampler import LogitsControls, Sampler, SamplingBatch, TokenLogprobs, token_logprobs
+from minisgl.engine.sampler import LogitsControls, Sampler, SamplingBatch, token_logprobs
+from minisgl.engine.step import ForwardOut, LaunchedStep, PromptChunk, StepPlan, chunked_logprobs, host_copy
 from minisgl.utils.transfer import StagingRing, upload, upload_many
 from minisgl.kvcache.pool import KV_CACHE_DTYPES, KVPool
 from minisgl.layers.attention import AttentionLayer
@@ -35,108 +36,7 @@ from minisgl.utils.logging import get_logger
 
 logger = get_logger(__name__)
 
-# A token's logprob and the top alternatives [(token id, logprob), ...], most likely first.
-LogprobEntry = tuple[float, list[tuple[int, float]]]
-
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class StepPlan:
-    """One step, as decided by the scheduler.
-
-    Each request computes `all_ids[cached_len : cached_len + extend_len]`; `out_loc` lists the
-    KV slot of every such token, request after request. `table_*` are extra token-table entries
-    (a prefix matched in the cache at admission) written before the forward.
-    """
-
-    reqs: list[Req]
-    out_loc: list[int]
-    table_rows: list[int] = field(default_factory=list)
-    table_pos: list[int] = field(default_factory=list)
-    table_slots: list[int] = field(default_factory=list)
-    # (token index in this step, index into the in-flight step's sampled tokens): inputs not yet
-    # known on the host (overlap scheduling).
-    from_prev: list[tuple[int, int]] = field(default_factory=list)
-    # Structured output: the grammar state of each constrained request (by rid), current as of
-    # every token it has produced (such requests never sample with a token still pending).
-    grammars: dict[int, GrammarState] = field(default_factory=dict)
-    # Requests that left the scheduler since the last plan: their per-request engine state goes.
-    released_rids: list[int] = field(default_factory=list)
-    # False when no request uses a logit control or logprobs: the engine skips looking for them.
-    controls: bool = True
-
-
-class PromptChunk(NamedTuple):
-    """Prompt-logprob rows of one request in a step: targets prompt_ids[first : first + num_targets]."""
-
-    req: Req
-    first: int  # prompt position of the first target token (>= 1)
-    num_targets: int
-
-
-def _host_copy(result: TokenLogprobs) -> TokenLogprobs:
-    """Start a device-to-host copy (non-blocking; valid once the step's event completes)."""
-    return TokenLogprobs(*(t.to("cpu", non_blocking=True) for t in result))
-
-
-def _entries(result: TokenLogprobs, top_ks: list[int]) -> list[LogprobEntry]:
-    chosen = result.chosen.tolist()
-    values = result.top_values.tolist()
-    ids = result.top_ids.tolist()
-    return [(c, list(zip(i[:k], v[:k]))) for c, v, i, k in zip(chosen, values, ids, top_ks)]
-
-
-@dataclass
-class LaunchedStep:
-    """A step queued on the device: its sampled tokens (device) and their host copy in flight."""
-
-    sampled_reqs: list[Req]
-    tokens: torch.Tensor  # [S] on the device
-    host: torch.Tensor  # [S] pinned host copy, valid once `event` completes
-    event: Any
-    # Logprobs (host copies, valid once `event` completes), only where requests asked for them.
-    logprob_rows: list[int] = field(default_factory=list)  # indices into sampled_reqs
-    logprobs: TokenLogprobs | None = None
-    prompt_chunks: list[PromptChunk] = field(default_factory=list)
-    prompt_logprobs: TokenLogprobs | None = None  # rows: the chunks' targets, in order
-    pooled: PooledRows | None = None  # embedding requests that completed their prompt, and their vectors
-
-    def result(self) -> list[int]:
-        if self.event is not None:
-            self.event.synchronize()
-        return self.host.tolist()
-
-    def token_logprobs(self) -> list[LogprobEntry | None]:
-        """Per sampled request: its token's logprob and top alternatives, or None if not asked."""
-        out: list[LogprobEntry | None] = [None] * len(self.sampled_reqs)
-        if self.logprobs is None:
-            return out
-        if self.event is not None:
-            self.event.synchronize()
-        top_ks = [self.sampled_reqs[i].sampling.logprobs or 0 for i in self.logprob_rows]
-        for i, entry in zip(self.logprob_rows, _entries(self.logprobs, top_ks)):
-            out[i] = entry
-        return out
-
-    def prompt_logprob_chunks(self) -> list[tuple[PromptChunk, list[LogprobEntry]]]:
-        if self.prompt_logprobs is None:
-            return []
-        if self.event is not None:
-            self.event.synchronize()
-        top_ks = [chunk.req.sampling.prompt_logprobs or 0 for chunk in self.prompt_chunks for _ in range(chunk.num_targets)]
-        entries = _entries(self.prompt_logprobs, top_ks)
-        out, start = [], 0
-        for chunk in self.prompt_chunks:
-            out.append((chunk, entries[start : start + chunk.num_targets]))
-            start += chunk.num_targets
-        return out
-
-
-@dataclass
-class ForwardOut:
-    sampled_reqs: list[Req]  # requests whose input is complete and that got a new token
-    next_tokens: list[int]
 
 
 class Engine:
@@ -422,7 +322,7 @@ class Engine:
         prompt_lp = None
         if built.prompt_chunks:
             top_k = max(chunk.req.sampling.prompt_logprobs or 0 for chunk in built.prompt_chunks)
-            prompt_lp = _host_copy(_chunked_logprobs(logits[num_sampled:], built.prompt_targets, top_k))
+            prompt_lp = host_copy(chunked_logprobs(logits[num_sampled:], built.prompt_targets, top_k))
         if not sampled and prompt_lp is None:
             empty = torch.empty(0, dtype=torch.int64, device=self.device)
             return LaunchedStep([], empty, empty.cpu(), self._record(pooled) if pooled else None, pooled=pooled)
@@ -440,7 +340,7 @@ class Engine:
         if logprob_rows:
             index = upload(logprob_rows, torch.int64, self.device)
             top_k = max(params[i].logprobs or 0 for i in logprob_rows)
-            token_lp = _host_copy(token_logprobs(logits[index], tokens[index], top_k))
+            token_lp = host_copy(token_logprobs(logits[index], tokens[index], top_k))
         host = self._token_staging.take(tokens.numel())
         host.copy_(tokens, non_blocking=True)
         event = self._record(pooled)
@@ -492,9 +392,3 @@ class _Built(NamedTuple):
     prompt_targets: torch.Tensor  # [sum of chunk counts] int64 on the device
     num_logits: int  # logits rows before padding: the sampled tokens, then the prompt-logprob rows
     pooled: list[Req]  # embedding requests whose last prompt token is in this step (`batch.pool_idx`)
-
-
-def _chunked_logprobs(logits: torch.Tensor, targets: torch.Tensor, top_k: int, rows: int = 1024) -> TokenLogprobs:
-    """token_logprobs over many prompt rows, a block at a time (bounds the float32 temporaries)."""
-    parts = [token_logprobs(logits[i : i + rows], targets[i : i + rows], top_k) for i in range(0, len(targets), rows)]
-    return TokenLogprobs(*(torch.cat(column) for column in zip(*parts)))

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from minisgl.core import FinishReason, Req, SamplingParams
-from minisgl.engine.engine import LogprobEntry, PromptChunk
+from minisgl.engine.step import LogprobEntry, PromptChunk
 from minisgl.engine.grammar import GrammarBackend, GrammarState, grammar_key
 from minisgl.engine.penalties import uses_penalties
 from minisgl.utils.logging import get_logger

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from minisgl.core import Req
-from minisgl.engine.engine import LogprobEntry, PromptChunk, StepPlan
+from minisgl.engine.step import LogprobEntry, PromptChunk, StepPlan
 from minisgl.models.pooling import PoolerConfig
 from minisgl.scheduler.config import PlatformFacts
 

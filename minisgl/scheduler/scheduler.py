@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from minisgl.core import PoolingParams, Req, SamplingParams
-from minisgl.engine.engine import LogprobEntry, StepPlan
+from minisgl.engine.step import LogprobEntry, StepPlan
 from minisgl.engine.grammar import GrammarBackend
 from minisgl.kvcache import BasePrefixCache, PageAllocator
 from minisgl.message.frontend import SchedulerStats

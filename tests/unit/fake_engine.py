@@ -25,7 +25,7 @@ from pathlib import Path
 
 from minisgl.core import Req, SamplingParams
 from minisgl.engine.config import EngineConfig
-from minisgl.engine.engine import LogprobEntry, PromptChunk, StepPlan
+from minisgl.engine.step import LogprobEntry, PromptChunk, StepPlan
 from minisgl.models.pooling import PoolerConfig
 from minisgl.scheduler.scheduler import Scheduler
 

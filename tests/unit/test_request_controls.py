@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from minisgl.core import Req, SamplingParams
-from minisgl.engine.engine import PromptChunk
+from minisgl.engine.step import PromptChunk
 from minisgl.scheduler.config import SchedulerConfig, resolve
 from minisgl.scheduler.controls import RequestControls
 
