@@ -1,7 +1,7 @@
 """GPU correctness of issue 22's families (tests/tiny_models.py FAMILY_ARCHS: Gemma 2, Gemma 3 as a
 causal LM and inside a multimodal checkpoint, Phi-3, Granite, OLMo 2, Mistral with a window) on
-the Triton backend with CUDA graphs: fp32 greedy equal to Hugging Face, and bf16 up to the first
-divergence, where both tokens sit in the other side's top-5. Every windowed model has a 16-token
+the Triton backend with CUDA graphs: fp32 greedy equal to Hugging Face (parting only at a near-tie
+within the 1e-4 relative logit tolerance, checked there), and bf16 up to the first divergence, where both tokens sit in the other side's top-5. Every windowed model has a 16-token
 window; prompts reach 130 tokens and decode 48 more, so prefill, chunked prefill (64-token chunks
 over the cached prefix) and captured decode all run past it."""
 
@@ -52,7 +52,27 @@ def test_fp32_triton_equals_hf(tiny, graph_bs):
               cuda_graph_max_bs=graph_bs, max_prefill_tokens=64)  # fmt: skip
     assert llm.engine.attn_name == "triton"
     for prompt, got, exp in zip(prompts, _greedy(llm, prompts), expected):
-        assert got == exp, f"{arch} (graphs up to {graph_bs}), prompt len {len(prompt)}"
+        if got != exp:
+            _near_tie(llm, hf, prompt, got, exp, f"{arch} (graphs up to {graph_bs}), prompt len {len(prompt)}")
+
+
+def _near_tie(llm: LLM, hf: torch.nn.Module, prompt: list[int], got: list[int], exp: list[int], what: str) -> None:
+    """A GPU fp32 run against CPU fp32 transformers sums in another order, so greedy may part where
+    transformers' two best logits are closer than the 1e-4 relative logit tolerance the CPU parity
+    tests use (Gemma 2's 40-token prompt, token 44: a 1.4e-4 gap on logits near 1.7). The runs may
+    part only there: our logits at that context equal transformers' within 1e-4 relative and the two
+    chosen tokens are within that tolerance of each other in transformers' logits."""
+    from tests.engine_helpers import forward_logits
+
+    i = next(k for k, (a, b) in enumerate(zip(got, exp)) if a != b)
+    context = prompt + exp[:i]
+    with torch.no_grad():
+        theirs = hf(torch.tensor([context])).logits[0, -1].float()
+    ours = forward_logits(llm.engine, [context], first_page=200)[0][0].float().cpu()
+    tol = 1e-4 * theirs.abs().max().item()
+    assert (ours - theirs).abs().max().item() <= tol, f"{what}: logits differ by more than 1e-4 relative at {i}"
+    gap = (theirs[exp[i]] - theirs[got[i]]).item()
+    assert gap <= tol, f"{what}: divergence at {i} ({got[i]} vs {exp[i]}) is no near-tie: gap {gap:.3e} > {tol:.3e}"
 
 
 def test_bf16_top5_at_divergence(tiny):
