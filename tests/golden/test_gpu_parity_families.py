@@ -1,9 +1,10 @@
 """GPU correctness of issue 22's families (tests/tiny_models.py FAMILY_ARCHS: Gemma 2, Gemma 3 as a
 causal LM and inside a multimodal checkpoint, Phi-3, Granite, OLMo 2, Mistral with a window) on
 the Triton backend with CUDA graphs: fp32 greedy equal to Hugging Face (parting only at a near-tie
-within the 1e-4 relative logit tolerance, checked there), and bf16 up to the first divergence, where both tokens sit in the other side's top-5. Every windowed model has a 16-token
-window; prompts reach 130 tokens and decode 48 more, so prefill, chunked prefill (64-token chunks
-over the cached prefix) and captured decode all run past it."""
+within the 1e-4 relative logit tolerance, checked there), and bf16 up to the first divergence,
+where both tokens sit in the other side's top-5. Every windowed model has a 16-token window;
+prompts reach 130 tokens and decode 48 more, so prefill, chunked prefill (64-token chunks over the
+cached prefix) and captured decode all run past it."""
 
 from __future__ import annotations
 
