@@ -6,23 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
 from typing import Any
 
+from minisgl.bench.roofline import floor, measure_bandwidth
+from minisgl.bench.workload import add_workload_args, make_workload
 from minisgl.core import SamplingParams
 from minisgl.server.engine_args import add_engine_args, check_engine_args, engine_config, scheduler_config
-
-
-def make_workload(args: argparse.Namespace) -> tuple[list[list[int]], list[int]]:
-    """Token-id prompts uniform in [0, --max-token-id (10000)]; input and output lengths uniform in their ranges."""
-    rng = random.Random(args.seed)
-    prompts = [
-        [rng.randint(0, args.max_token_id) for _ in range(rng.randint(args.min_input, args.max_input))]
-        for _ in range(args.num_seqs)
-    ]
-    outputs = [rng.randint(args.min_output, args.max_output) for _ in range(args.num_seqs)]
-    return prompts, outputs
 
 
 def make_llm(args: argparse.Namespace, tp_rank: int = 0, rdzv: Any = None) -> tuple[Any, Any]:
@@ -52,6 +42,8 @@ def profiling_setup(argv: list[str]) -> tuple[argparse.Namespace, list[list[int]
 def run_minisgl(
     args: argparse.Namespace, prompts: list[list[int]], outputs: list[int], tp_rank: int = 0, rdzv: Any = None
 ) -> dict[str, Any]:
+    # Measured before the engine takes the device's memory for its KV pool.
+    bandwidth = _bandwidth(args) if args.roofline and args.tp == 1 else None
     llm, _store = make_llm(args, tp_rank, rdzv)
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n) for n in outputs]
     llm.engine.platform.synchronize()
@@ -60,9 +52,39 @@ def run_minisgl(
     llm.engine.platform.synchronize()
     seconds = time.perf_counter() - start
     out_tokens = sum(len(r.outputs[0].token_ids) for r in results)
-    return _record("minisgl", out_tokens, seconds, prompts, extra={"device": str(llm.engine.device),
-                   "dtype": str(llm.engine.dtype).removeprefix("torch."), "attn": llm.engine.attn_name,
-                   "tp": args.tp, "retractions": llm.scheduler.num_retractions})
+    record = _record("minisgl", out_tokens, seconds, prompts, extra={"device": str(llm.engine.device),
+                     "dtype": str(llm.engine.dtype).removeprefix("torch."), "attn": llm.engine.attn_name,
+                     "tp": args.tp, "retractions": llm.scheduler.num_retractions})
+    if bandwidth is not None:
+        record.update(_roofline(args, llm, record["output_tok_s"], bandwidth))
+    return record
+
+
+def _bandwidth(args: argparse.Namespace) -> float:
+    """--bandwidth (TB/s) in bytes/s, else a copy timed on the device (its buffers freed after)."""
+    if args.bandwidth:
+        return float(args.bandwidth * 1e12)
+    from minisgl.platform import init_platform
+
+    platform = init_platform(args.device)
+    bandwidth = measure_bandwidth(platform)
+    platform.empty_cache()
+    return bandwidth
+
+
+def _roofline(args: argparse.Namespace, llm: Any, tok_s: float, bandwidth: float) -> dict[str, Any]:
+    """The workload's decode memory floor (bench.roofline) at this engine's dtypes, and the share
+    of it this run reached; also one line on stderr."""
+    import sys
+
+    engine = llm.engine
+    kv_bytes = engine.pool.dtype.itemsize  # the pages' storage: 1 for fp8
+    roof = floor(args, bandwidth, tok_s, dtype_bytes=(engine.dtype.itemsize, kv_bytes))
+    print(f"roofline: {roof['weight_bytes'] / 1e9:.2f} GB of weights and {roof['kv_bytes'] / 1e9:.2f} GB of KV "
+          f"over {roof['bandwidth_tb_s']} TB/s = {roof['floor_s']} s ({roof['floor_tok_s']} tok/s); "
+          f"this run: {tok_s} tok/s = {100 * roof['fraction_of_floor']:.1f} % of the floor", file=sys.stderr)  # fmt: skip
+    keys = ("bandwidth_tb_s", "kv_bytes", "weight_bytes", "floor_s", "floor_tok_s", "fraction_of_floor")
+    return {k: roof[k] for k in keys}
 
 
 def _tp_rank_main(args: argparse.Namespace, rank: int, port: int, results: Any) -> None:
@@ -167,16 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
     seeds the workload), then the workload's."""
     p = argparse.ArgumentParser(prog="python -m minisgl.bench offline", description=__doc__)
     add_engine_args(p, offline=True)
-    p.add_argument("--num-seqs", type=int, default=256)
-    p.add_argument("--min-input", type=int, default=100)
-    p.add_argument("--max-input", type=int, default=1024)
-    p.add_argument("--min-output", type=int, default=100)
-    p.add_argument("--max-output", type=int, default=1024)
-    p.add_argument("--max-token-id", type=int, default=10000, help="prompt ids are uniform in [0, this]")
+    add_workload_args(p)
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--peer", choices=["hf"], action="append", default=[], help="also run a peer engine")
     p.add_argument("--no-minisgl", action="store_true", help="run only the peer(s)")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--bandwidth", type=float, default=None,
+                   help="memory bandwidth in TB/s for the decode floor (default: measured on the device)")
+    p.add_argument("--no-roofline", dest="roofline", action="store_false",
+                   help="skip the decode memory floor printed beside the run (bench.roofline)")
     return p
 
 

@@ -277,7 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    from minisgl.bench.offline import make_llm, make_workload
+    from minisgl.bench.offline import make_llm
+    from minisgl.bench.workload import make_workload
 
     parser = build_parser()
     args = parser.parse_args(argv)

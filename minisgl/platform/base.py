@@ -50,6 +50,9 @@ class BasePlatform(ABC):
     @abstractmethod
     def synchronize(self) -> None: ...
 
+    def empty_cache(self) -> None:
+        """Hand cached, unused device memory back (before the engine sizes its KV pool)."""
+
     def offline_prefill_tokens(self) -> int:
         """Prefill tokens per step when an offline run (`LLM`, `bench offline`) sets none: the
         server keeps 8192 for latency; offline jobs only care about throughput."""

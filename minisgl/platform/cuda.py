@@ -58,3 +58,6 @@ class CudaPlatform(BasePlatform):
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
