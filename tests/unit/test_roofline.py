@@ -3,8 +3,8 @@ meta-device model equal the published parameter counts, KV bytes follow each lay
 
 from __future__ import annotations
 
-from minisgl.bench.roofline import floor, kv_bytes_per_step, weight_bytes_per_step
 from minisgl.bench.offline import build_parser
+from minisgl.bench.roofline import floor, kv_bytes_per_step, weight_bytes_per_step
 from minisgl.models.config import ModelConfig
 
 
@@ -49,8 +49,8 @@ def test_moe_experts_count_per_routed_expert() -> None:
 
 
 def test_the_floor_follows_the_batch_and_the_kv_dtype() -> None:
-    from minisgl.bench.workload import make_workload
     from minisgl.bench.roofline import weight_bytes
+    from minisgl.bench.workload import make_workload
 
     flags = ["--model", "configs/qwen3-30b-a3b", "--num-seqs", "2", "--min-input", "10", "--max-input", "10",
              "--min-output", "2", "--max-output", "4"]  # fmt: skip
