@@ -12,12 +12,7 @@ from typing import Any
 from minisgl.bench.roofline import floor, measure_bandwidth
 from minisgl.bench.workload import add_workload_args, make_workload
 from minisgl.core import SamplingParams
-from minisgl.server.engine_args import (
-    add_engine_args,
-    check_engine_args,
-    engine_config,
-    scheduler_config,
-)
+from minisgl.server.engine_args import add_engine_args, check_engine_args, engine_config, scheduler_config
 
 
 def make_llm(args: argparse.Namespace, tp_rank: int = 0, rdzv: Any = None) -> tuple[Any, Any]:
