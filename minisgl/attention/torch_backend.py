@@ -102,10 +102,12 @@ class TorchAttnBackend(BaseAttnBackend):
         self.head_dim = head_dim
         self.sm_scale = sm_scale
         self.specs: dict[int, AttnLayerSpec] = {}
-        # bf16 decode on CPU: one C++ call per layer (kernels/cpu_attention.py), built here at
-        # engine start; fp32 keeps the per-request SDPA path (the exact-parity mode).
+        # Decode on CPU: one C++ call per layer (kernels/cpu_attention.py), built here at engine
+        # start, over bf16 caches, and over fp32 ones where the kernel config allows it
+        # (cpu_attn_fp32: GGUF weights kept quantized); a float fp32 model keeps the per-request
+        # SDPA path (the exact-parity mode).
         self.cpu_kernel = False
-        if pool.k[0].device.type == "cpu" and pool.dtype == torch.bfloat16:
+        if pool.k[0].device.type == "cpu" and pool.dtype in cpu_attention.pool_dtypes():
             self.cpu_kernel = cpu_attention.load() is not None
 
     def configure_layer(self, layer_id: int, spec: AttnLayerSpec) -> None:

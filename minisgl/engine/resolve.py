@@ -20,11 +20,15 @@ if TYPE_CHECKING:
 def resolve(config: EngineConfig, platform: BasePlatform) -> EngineConfig:
     """`weights`, `dtype` and `attn` named, `pad_eager` decided, and the kernel switches reduced to
     what the platform runs (folded norms only with the triton backend, whose kernels finish the
-    norms)."""
+    norms; the C++ CPU decode attention over fp32 caches for GGUF weights kept quantized)."""
     weights, dtype = resolve_weights(config, platform)
     attn = select_attn_backend(config.attn, platform)
     pad_eager = platform.pad_eager if config.pad_eager is None else config.pad_eager
-    kernels = resolve_kernels(config.kernels, platform)
+    # GGUF blocks kept quantized are not the exact mode: unless told, their fp32 decode attention
+    # takes the C++ kernel too.
+    fp32_attn = config.kernels.cpu_attn_fp32
+    kernels = replace(config.kernels, cpu_attn_fp32=weights == "gguf" if fp32_attn is None else fp32_attn)
+    kernels = resolve_kernels(kernels, platform)
     kernels = replace(kernels, fold_norms=kernels.fold_norms and attn == "triton")
     return replace(config, weights=weights, dtype=dtype, attn=attn, pad_eager=pad_eager, kernels=kernels)  # type: ignore[arg-type]
 

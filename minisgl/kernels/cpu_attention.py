@@ -27,6 +27,14 @@ def load() -> CpuKernels | None:
     return load_or_warn("--no-cpu-attn-kernel", "CPU decode attention kernel")
 
 
+def pool_dtypes() -> tuple[torch.dtype, ...]:
+    """The cache dtypes the backend hands this kernel under the current kernel config."""
+    kernels = current().kernels
+    if not kernels.cpu_attn_kernel:
+        return ()
+    return (torch.bfloat16, torch.float32) if kernels.cpu_attn_fp32 else (torch.bfloat16,)
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,

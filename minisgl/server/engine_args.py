@@ -58,7 +58,9 @@ KERNEL_SWITCHES: dict[str, str] = {
     "decode_tuned": "the decode attention launches measured per CUDA-graph batch size "
     "(kernels/tuned/decode_attention.json)",
     "cpu_kernels": "the bf16 C++ CPU kernels (GEMV, RMSNorm, rotary, SiLU)",
-    "cpu_attn_kernel": "the bf16 C++ CPU decode attention",
+    "cpu_attn_kernel": "the C++ CPU decode attention (bf16 caches; fp32 ones with --cpu-attn-fp32)",
+    "cpu_attn_fp32": "the C++ CPU decode attention over fp32 caches too, not bit-exact with transformers "
+    "(default: on for --weights gguf, off for a float model: the exact-parity mode)",
 }
 # KernelConfig's fields that are choices, not switches, each with its own flag.
 KERNEL_CHOICES = ("cpu_isa",)
@@ -143,7 +145,7 @@ def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -
     for name, text in KERNEL_SWITCHES.items():
         default = getattr(kernels, name)
         s.add_argument(flag(name), action=boolean, default=default,
-                       help=f"{text} (default: {'on' if default else 'off'})")  # fmt: skip
+                       help=text if default is None else f"{text} (default: {'on' if default else 'off'})")  # fmt: skip
     return EngineArgGroups(m, d, k, s)
 
 
