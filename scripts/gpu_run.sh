@@ -13,8 +13,10 @@
 #            --no-triton-gemm, --no-decode-tuned, --no-pad-eager, 8k-token prefill steps
 #   bench8b  Qwen3-8B, the same workload        moe  Qwen3-30B-A3B, the same workload
 #   families issue 22's shapes on the same workload: Gemma-3-1B (5 local : 1 global layers, 512
-#            window) and Phi-4-mini, each beside its decode memory floor (`python -m
-#            minisgl.bench.roofline`: KV + weight bytes over the copy bandwidth measured there)
+#            window) and Phi-4-mini (FAMILY_MODELS), each beside the decode memory floor that
+#            bench offline prints (KV + weight bytes over the copy bandwidth measured there)
+#   moe2     issue 26's shapes on the same workload: GPT-OSS-20B and DeepSeek-V2-Lite (MOE2_MODELS),
+#            each beside its floor (the experts a step routes to counted)
 #   hf       Hugging Face transformers' continuous batching as a peer (32 seqs)
 #   tp       two GPUs: the TP parity tests, then Qwen3-8B at TP=1 and TP=2
 #   peer     the nano-vllm peer bundle (.peer/run_peer.sh, see shared/peers/nano-vllm) on the same
@@ -154,14 +156,17 @@ if has ablate; then  # switches under study, each against the headline run of th
 fi
 has bench8b && ab qwen3-8b 130 --model configs/qwen3-8b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
 has moe && ab qwen3-30b-a3b 200 --model configs/qwen3-30b-a3b --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0
-if has families; then  # issue 22: the workload on Gemma-3-1B's and Phi-4-mini's shapes, each with its floor
-    for model in gemma-3-1b-it phi-4-mini-instruct; do
-        FW="--model configs/$model --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0"
-        bench "$model" 150 $FW
-        measured=$(grep "\"run\": \"$model\"" "$OUT/bench.jsonl" | tail -1 | python3 -c \
-            'import json, sys; text = sys.stdin.read().strip(); print(json.loads(text)["output_tok_s"] if text else "")' 2>/dev/null)
-        echo "== $model floor: python -m minisgl.bench.roofline $FW${measured:+ --measured $measured}"
-        run 120 python3 -m minisgl.bench.roofline $FW ${measured:+--measured "$measured"}
+if has families; then  # issue 22: the workload on Gemma-3-1B's and Phi-4-mini's shapes; each run
+    # prints its decode memory floor (bench offline's floor_* and fraction_of_floor fields)
+    for model in ${FAMILY_MODELS:-gemma-3-1b-it phi-4-mini-instruct}; do
+        bench "$model" 150 --model "configs/$model" --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 \
+            --min-output 100 --max-output 1024 --seed 0
+    done
+fi
+if has moe2; then  # issue 26: GPT-OSS-20B's and DeepSeek-V2-Lite's shapes, each beside its floor (experts included)
+    for model in ${MOE2_MODELS:-gpt-oss-20b deepseek-v2-lite}; do
+        bench "$model" 200 --model "configs/$model" --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 \
+            --min-output 100 --max-output 1024 --seed 0
     done
 fi
 has hf && bench hf-peer-32seq 200 --model configs/qwen3-0.6b --dummy-weights --num-seqs 32 --seed 0 --peer hf
@@ -196,7 +201,7 @@ for path in sys.argv[1:]:
 if not rows:
     sys.exit(0)
 CEILING = 37500.0  # decode re-reads the KV cache: ~3.6 s at 4.2 TB/s for the 0.6B workload
-print(f"{'run':34} {'engine':16} {'out tok':>9} {'s':>8} {'tok/s':>9} {'ceiling':>12}")
+print(f"{'run':34} {'engine':16} {'out tok':>9} {'s':>8} {'tok/s':>9} {'ceiling':>12} {'floor tok/s':>12} {'of floor':>9}")
 for r in rows:
     if r.get("engine") == "nano-vllm":  # the peer bundle's own keys
         r = {"run": f"nano-vllm-{r['run']}", "engine": "nano-vllm", "output_tokens": r["out_tokens"],
@@ -204,7 +209,8 @@ for r in rows:
     frac = f"{r['output_tok_s'] / CEILING:.1%}" if r["run"].startswith("qwen3-0.6b") or r.get("peer") else "-"
     if r["run"].startswith("bs1"):  # one sequence: the decode time per token (goal <= 1.1 ms)
         frac = f"{r['seconds'] / r['output_tokens'] * 1e3:.3f} ms/tok"
-    print(f"{r['run']:34} {r['engine']:16} {r['output_tokens']:>9} {r['seconds']:>8.2f} {r['output_tok_s']:>9.1f} {frac:>12}")
+    floor = f"{r['floor_tok_s']:>12.0f} {r['fraction_of_floor']:>9.1%}" if "floor_tok_s" in r else ""
+    print(f"{r['run']:34} {r['engine']:16} {r['output_tokens']:>9} {r['seconds']:>8.2f} {r['output_tok_s']:>9.1f} {frac:>12} {floor}")
 pairs = {}
 for r in rows:
     name, _, side = str(r["run"]).partition("@")
