@@ -26,6 +26,8 @@ _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<which>[AB]
 class AdapterNotFoundError(ValueError):
     """No adapter at the path given (HTTP 404 where the API server answers)."""
 
+    status = 404
+
 
 @dataclass(frozen=True)
 class AdapterConfig:
