@@ -157,9 +157,11 @@ class Engine:
         if not self.config.lora:
             return None
         from minisgl.lora.manager import LoraManager
+        from minisgl.models.loader import target_of
 
-        cfg = self.config
-        manager = LoraManager(self.model, cfg.max_loras, cfg.max_lora_rank, use_triton=self.platform.compiles_triton)
+        cfg, model = self.config, self.model
+        manager = LoraManager(model, lambda name: target_of(model, name), cfg.max_loras, cfg.max_lora_rank,
+                              use_triton=self.platform.compiles_triton)  # fmt: skip
         for name, path in cfg.lora_modules:
             manager.load(name, path)
         return manager

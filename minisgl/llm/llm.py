@@ -162,13 +162,14 @@ class LLM:
     def chat(
         self, messages: list[Message] | Sequence[list[Message]], sampling_params: ParamsInput = None,
         use_tqdm: bool = True, chat_template_kwargs: dict[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[dict[str, Any]] | None = None, lora: LoraInput = None,
     ) -> list[RequestOutput]:  # fmt: skip
-        """One conversation (a list of OpenAI messages) or many; `tools`: OpenAI function tools."""
+        """One conversation (a list of OpenAI messages) or many; `tools`: OpenAI function tools;
+        `lora` as in `generate`."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         kwargs = dict(chat_template_kwargs or {})
         prompts: list[Prompt] = [ChatPrompt(list(c), list(tools or []), kwargs) for c in conversations]  # type: ignore[arg-type]
-        return self._run(prompts, sampling_params, use_tqdm)
+        return self._run(prompts, sampling_params, use_tqdm, lora)
 
     def embed(self, prompts: PromptInput | Sequence[PromptInput], *, dimensions: int | None = None,
               use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:  # fmt: skip

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -24,6 +24,8 @@ from minisgl.lora.layer import LoraLinear, LoraSegments, LoraStepState, Part
 from minisgl.utils.logging import get_logger
 
 logger = get_logger(__name__)
+
+TargetOf = Callable[[str], "tuple[str, Part] | None"]
 
 
 class UnknownAdapterError(ValueError):
@@ -46,10 +48,9 @@ class _Loaded:
 
 
 class LoraManager:
-    def __init__(self, model: nn.Module, max_loras: int, max_rank: int, use_triton: bool) -> None:
-        from minisgl.models.loader import target_of
-
-        self.model = model
+    def __init__(self, model: nn.Module, target_of: TargetOf, max_loras: int, max_rank: int, use_triton: bool) -> None:
+        """`target_of` maps a checkpoint tensor name to its (parameter, fused part), as the model's
+        loader does (models/loader.py: the fused qkv / gate_up parts)."""
         self.max_loras = max_loras
         self.max_rank = max_rank
         self.state = LoraStepState()
@@ -85,7 +86,7 @@ class LoraManager:
     def _layout(self, weights: AdapterWeights) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         by_layer: dict[str, dict[Part, tuple[torch.Tensor, torch.Tensor]]] = {}
         for module, pair in weights.modules.items():
-            target = self._target_of(self.model, module + ".weight")
+            target = self._target_of(module + ".weight")
             layer = target[0].removesuffix(".weight") if target is not None else None
             if layer is None or layer not in self.layers:
                 raise ValueError(f"{weights.path}: {module} is not a projection of this model")

@@ -200,7 +200,7 @@ def _serve(config: ServerConfig, procs: ServiceProcesses, sock: socket.socket, s
 
     from minisgl.server.admission import AdmissionConfig, DrainingServer, guard_app
     from minisgl.server.api_server import AppState, create_app
-    from minisgl.server.lora_api import LoraRegistry
+    from minisgl.server.lora_registry import LoraRegistry
 
     state = AppState(procs.frontend_addrs, served, context_len, procs.health, started=int(time.time()),
                      api_key=config.api_key, cors_origins=list(config.cors_origins),

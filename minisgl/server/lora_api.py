@@ -2,7 +2,7 @@
 `POST /v1/unload_lora_adapter` {lora_name}; a request's `model` picks an adapter, and
 `/v1/models` lists them beside the base model (with `root` and `parent`).
 
-The API server keeps the names it may route to (`LoraRegistry`). A load or unload goes to every
+The API server keeps the names it may route to (`LoraRegistry`, lora_registry.py). A load or unload goes to every
 replica through the tokenizer, on the same stream as the requests, so the scheduler sees every
 request sent before it first; each replica's rank 0 answers. An unloaded name is refused at once
 (404); the scheduler keeps its weights until the requests already using it end.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -22,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from minisgl.message.frontend import LoraAdapterReplyMsg
 from minisgl.message.scheduler import LoraAdapterMsg
 from minisgl.server.openapi import body
+from minisgl.server.lora_registry import LoraRegistry
 from minisgl.server.protocol import RequestError, parse_request
 from minisgl.server.responses import error_response
 
@@ -32,39 +32,20 @@ if TYPE_CHECKING:
 LOAD_TIMEOUT = 120.0  # seconds a replica may take to read an adapter
 
 
-@dataclass
-class LoraRegistry:
-    """The adapters the API server routes to, by name (path), in load order. `enabled`: the
-    engines hold adapter slots (--enable-lora / --lora-modules)."""
-
-    enabled: bool = False
-    adapters: dict[str, str] = field(default_factory=dict)
-    busy: set[str] = field(default_factory=set)  # names with a load or unload under way
-
-    def adapter_for(self, model: str | None, served_model: str) -> str | None:
-        """The adapter a request's `model` names (None: the base model). With LoRA on, a name
-        that is neither the base model nor a loaded adapter is a 404, as vLLM answers."""
-        if model is None or model == "" or model == served_model:
-            return None
-        if model in self.adapters:
-            return model
-        if self.enabled:
-            raise RequestError(f"The model '{model}' does not exist.", "model", 404)
-        return None  # without LoRA any name runs the one model (as before adapters existed)
-
-
 class _AdapterBody(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    lora_name: str = Field(min_length=1)
+    lora_name: str = Field(min_length=1, description="the adapter's name: what a request's `model` names")
 
 
 class LoadLoraAdapterRequest(_AdapterBody):
-    lora_path: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1, description="a PEFT adapter directory on the server "
+                           "(adapter_config.json + adapter_model.safetensors)")
 
 
 class UnloadLoraAdapterRequest(_AdapterBody):
-    lora_int_id: int | None = None  # vLLM's; the name alone identifies an adapter here
+    lora_int_id: int | None = Field(None, description="accepted for vLLM's clients; the name alone "
+                                    "identifies an adapter here")
 
 
 def with_adapter(msgs: list[TokenizeMsg], adapter: str | None) -> list[TokenizeMsg]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from minisgl.server.access import MAX_BODY_BYTES
 from minisgl.server.frontend import FrontendAddrs, FrontendManager
-from minisgl.server.lora_api import LoraRegistry
+from minisgl.server.lora_registry import LoraRegistry
 from minisgl.server.metrics import ServerMetrics
 
 

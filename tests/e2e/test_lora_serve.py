@@ -157,3 +157,20 @@ def test_load_and_unload_under_load(lora_server: Server, lora_dirs: dict[str, Pa
     assert status == 200
     assert _complete(client, "alpha") == expected["alpha"]
     assert {m["id"] for m in get_json(port, "/v1/models")[1]["data"]} == {"base", "alpha", "beta"}
+
+
+@pytest.mark.tp
+def test_tp2_serves_the_same_adapters(tmp_path_factory: pytest.TempPathFactory, lora_dirs: dict[str, Path],
+                                      expected: Any) -> None:  # fmt: skip
+    """TP=2 over gloo: q and kv heads, gate/up split (B by rows), o/down split by input (A by
+    columns, partial deltas in the all-reduce); the answers of TP=1."""
+    srv = start_server(tmp_path_factory, "lora_tp2", "--model", str(lora_dirs["base"]), "--num-pages", "128",
+                       "--served-model-name", "base", "--tp", "2", "--max-loras", "2", "--max-lora-rank", "8",
+                       "--lora-modules", f"alpha={lora_dirs['alpha']}", f"beta={lora_dirs['beta']}")  # fmt: skip
+    try:
+        client = openai_client(srv.base_url)
+        for name in ("alpha", "beta"):
+            assert _complete(client, name) == expected[name], name
+        assert _complete(client, "base") == expected[None]
+    finally:
+        srv.stop()

@@ -5,6 +5,7 @@ and the prefix cache's per-adapter namespaces."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -128,8 +129,15 @@ class _Tiny(nn.Module):
         self.config = None
 
 
+def _model() -> tuple[nn.Module, Callable[[str], tuple[str, str | int | None] | None]]:
+    from minisgl.models.loader import target_of
+
+    model = _Tiny()
+    return model, lambda name: target_of(model, name)
+
+
 def _manager(tmp_path: Path, names: list[str], max_loras: int = 2) -> LoraManager:
-    manager = LoraManager(_Tiny(), max_loras=max_loras, max_rank=4, use_triton=False)
+    manager = LoraManager(*_model(), max_loras=max_loras, max_rank=4, use_triton=False)
     for i, name in enumerate(names):
         _write_adapter(tmp_path / name, 2, {"model.layers.0.self_attn.q_proj": (HIDDEN, 16),
                                             "model.layers.0.self_attn.o_proj": (16, HIDDEN)}, seed=i)  # fmt: skip
@@ -174,7 +182,7 @@ def test_unload_waits_for_its_requests(tmp_path: Path) -> None:
 
 
 def test_adapter_for_another_model_is_refused(tmp_path: Path) -> None:
-    manager = LoraManager(_Tiny(), max_loras=1, max_rank=4, use_triton=False)
+    manager = LoraManager(*_model(), max_loras=1, max_rank=4, use_triton=False)
     _write_adapter(tmp_path / "mlp", 2, {"model.layers.0.mlp.down_proj": (INTER, HIDDEN)})
     with pytest.raises(ValueError, match="not a projection of this model"):
         manager.load("mlp", str(tmp_path / "mlp"))
