@@ -94,3 +94,35 @@ def test_segment_matmul_gpu(dtype: torch.dtype, accumulate: bool) -> None:
     slots = [i % 4 for i in range(len(lens))]
     _run(lens, gaps, slots, 4, 4096, 64, dtype, accumulate)  # expand: rank 64 -> 4096
     _run(lens, gaps, slots, 4, 3 * 16, 2048, dtype, accumulate, seed=1)  # shrink of a fused qkv
+
+
+@pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if torch.cuda.is_available() else []))
+def test_lora_layer_triton_path_equals_reference_path(dtype: torch.dtype) -> None:
+    """A fused qkv layer's delta (shrink into the stacked parts, block-structured expand) through
+    the Triton kernel equals the torch path, with base rows between adapter segments untouched."""
+    from minisgl.layers.linear import QKVParallelLinear
+    from minisgl.lora.layer import LoraLinear, LoraSegments, LoraStepState
+
+    gen = torch.Generator().manual_seed(0)
+    with torch.device(DEVICE):
+        layer = QKVParallelLinear(32, 8, 4, 2, bias=False).to(dtype)
+    outs = []
+    for use_triton in (False, True):
+        state = LoraStepState()
+        delta = LoraLinear(layer, state, max_loras=3, max_rank=8, use_triton=use_triton)
+        for slot, rank in ((0, 8), (2, 3)):
+            g = torch.Generator().manual_seed(slot)
+            parts = {p: (torch.randn(rank, 32, generator=g), torch.randn(32 if p == "q" else 16, rank, generator=g) * 0.1)
+                     for p in ("q", "v")}  # fmt: skip
+            delta.set_slot(slot, delta.host_weights("qkv", parts))
+        as_t = lambda v: torch.tensor(v, dtype=torch.int32, device=DEVICE)  # noqa: E731
+        state.segments = LoraSegments([0, 4, 9], [3, 5, 1], [2, 0, 2], as_t([0, 4, 9]), as_t([3, 5, 1]), as_t([2, 0, 2]))
+        x = torch.randn(11, 32, generator=gen).to(dtype).to(DEVICE)
+        out = torch.zeros(11, 64, dtype=dtype, device=DEVICE)
+        delta.add_(x, out)
+        outs.append(out)
+        gen.manual_seed(0)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
+    assert torch.equal(outs[1][3], torch.zeros(64, dtype=dtype, device=DEVICE)) and outs[1][0].abs().sum() > 0
+    assert torch.equal(outs[1][:, 32:48], torch.zeros(11, 16, dtype=dtype, device=DEVICE))  # k: untrained
