@@ -159,11 +159,11 @@ class LoraManager:
         if not idle:
             return None
         victim = self.adapters[min(idle, key=lambda uid: self.adapters[uid].last_use)]
-        slot = victim.slot
-        assert slot is not None
+        freed = victim.slot
+        assert freed is not None
         victim.slot = None
-        self.slots[slot] = None
-        return slot
+        self.slots[freed] = None
+        return freed
 
     # ------------------------------------------------------------------ one step
     def prepare(self, runs: Sequence[tuple[int | None, int]]) -> None:
