@@ -52,7 +52,7 @@ def _segment_matmul_kernel(
         x = tl.load(x_ptr + tokens[:, None] * stride_xt + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptr + slot * stride_ws + cols[None, :] * stride_wn + ks[:, None],
                     mask=col_ok[None, :] & k_ok[:, None], other=0.0)  # fmt: skip
-        acc += tl.dot(x.to(tl.float32), w.to(tl.float32))
+        acc = tl.dot(x, w.to(x.dtype), acc)  # bf16 / fp16 tensor cores, float32 accumulation
     out_ptrs = out_ptr + tokens[:, None] * stride_ot + cols[None, :]
     mask = row_ok[:, None] & col_ok[None, :]
     if ACCUMULATE:
