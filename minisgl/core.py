@@ -211,6 +211,8 @@ class Req:
     arrival: int = 0  # admission order, used to pick the victim when retracting
     num_pending: int = 0  # output tokens (or an embedding) computed on the device, not yet known on the host
     pooling: PoolingParams | None = None  # an embedding request (its output: one vector, no tokens)
+    # The LoRA adapter's uid (lora/manager.py; None: the base model), also its prefix-cache namespace.
+    lora_id: int | None = None
 
     @property
     def prompt_len(self) -> int:

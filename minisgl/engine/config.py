@@ -50,8 +50,19 @@ class EngineConfig:
     pad_eager: bool | None = None
     kernels: KernelConfig = field(default_factory=KernelConfig)
     task: EngineTask = "auto"
+    # Multi-LoRA (lora/): adapters loaded at start, as (name, path); LoRA is on with any of them or
+    # with `enable_lora` (adapters loaded at run time only). `max_loras` device slots (adapters of
+    # one batch), each up to `max_lora_rank`.
+    lora_modules: tuple[tuple[str, str], ...] = ()
+    enable_lora: bool = False
+    max_loras: int = 4
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ValueError(f"max_loras and max_lora_rank must be >= 1, got {self.max_loras}, {self.max_lora_rank}")
+        if len({name for name, _ in self.lora_modules}) != len(self.lora_modules):
+            raise ValueError("lora_modules: each adapter name may appear once")
         if self.task not in get_args(EngineTask):
             raise ValueError(f"unknown task {self.task!r}: use one of {', '.join(get_args(EngineTask))}")
         if self.dtype not in get_args(DType):
@@ -68,6 +79,11 @@ class EngineConfig:
             raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
         if self.tp_size < 1 or not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"bad tensor-parallel rank {self.tp_rank} of {self.tp_size}")
+
+    @property
+    def lora(self) -> bool:
+        """Whether the engine serves LoRA adapters."""
+        return self.enable_lora or bool(self.lora_modules)
 
     @property
     def gguf_model(self) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -33,6 +33,9 @@ from minisgl.models.config import ModelConfig
 from minisgl.models.pooling import resolve_task
 from minisgl.platform import init_platform
 from minisgl.utils.logging import get_logger
+
+if TYPE_CHECKING:
+    from minisgl.lora.manager import LoraManager
 
 logger = get_logger(__name__)
 
@@ -87,6 +90,7 @@ class Engine:
         else:
             kv_scales = load_weights(self.model, self.model_dir)
         self.model.eval()
+        self.lora = self._make_lora()  # None: no adapters served
 
         self.pool = self._make_pool()
         # Row `max_running_requests` is a scratch row used by padded (graph) batch entries.
@@ -148,6 +152,20 @@ class Engine:
             source = calibrate(self, lambda req, slots: self.build_batch(StepPlan([req], slots))[0])
         logger.info("KV cache in %s with %s", self.config.kv_cache_dtype, source)
 
+    def _make_lora(self) -> LoraManager | None:
+        """The adapter slots in every projection, and the adapters named at start (lora/)."""
+        if not self.config.lora:
+            return None
+        from minisgl.lora.manager import LoraManager
+        from minisgl.models.loader import target_of
+
+        cfg, model = self.config, self.model
+        manager = LoraManager(model, lambda name: target_of(model, name), cfg.max_loras, cfg.max_lora_rank,
+                              use_triton=self.platform.compiles_triton)  # fmt: skip
+        for name, path in cfg.lora_modules:
+            manager.load(name, path)
+        return manager
+
     # ----------------------------------------------------------------------------------------
     def _make_pool(self) -> KVPool:
         cfg, mc = self.config, self.model_config
@@ -180,7 +198,8 @@ class Engine:
 
         max_bs = min(self.config.cuda_graph_max_bs, self.config.max_running_requests)
         graphs_ok = type(self.attn_backend).init_graph_state is not BaseAttnBackend.init_graph_state
-        if self.platform.supports_graphs and max_bs > 0 and graphs_ok and self.task == "generate":
+        # Not with LoRA: the graphs would capture one step's adapter segments.
+        if self.platform.supports_graphs and max_bs > 0 and graphs_ok and self.task == "generate" and self.lora is None:
             return GraphRunner(
                 self.model, self.attn_backend, self.token_table, max_bs,
                 self.scratch_row, self.pool.scratch_slot, self.device,
@@ -244,6 +263,8 @@ class Engine:
                     pool_idx.append(len(input_ids) - 1)
                     pooled.append(req)
         assert len(plan.out_loc) == len(input_ids)
+        if self.lora is not None:  # the adapter segments of this step's tokens
+            self.lora.prepare([(req.lora_id, req.extend_len) for req in plan.reqs])
         # Decode (the graph path) only when every token is a request's sampled token, in order.
         decode = len(input_ids) == len(ext_lens) == len(sample_idx) and not prompt_idx and not pool_idx
         out_loc_list = plan.out_loc

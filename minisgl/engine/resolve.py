@@ -29,7 +29,8 @@ def resolve(config: EngineConfig, platform: BasePlatform) -> EngineConfig:
     fp32_attn = config.kernels.cpu_attn_fp32
     kernels = replace(config.kernels, cpu_attn_fp32=weights == "gguf" if fp32_attn is None else fp32_attn)
     kernels = resolve_kernels(kernels, platform)
-    kernels = replace(kernels, fold_norms=kernels.fold_norms and attn == "triton")
+    # Not with LoRA: an adapter's A reads the normalised rows the folded projections never see.
+    kernels = replace(kernels, fold_norms=kernels.fold_norms and attn == "triton" and not config.lora)
     return replace(config, weights=weights, dtype=dtype, attn=attn, pad_eager=pad_eager, kernels=kernels)  # type: ignore[arg-type]
 
 
@@ -40,7 +41,7 @@ def resolve_weights(config: EngineConfig, platform: BasePlatform) -> tuple[str, 
     weights = config.weights
     if weights == "auto":
         quantized = (config.gguf_model and platform.name == "cpu" and config.tp_size == 1
-                     and config.dtype == "auto" and not config.dummy_weights)  # fmt: skip
+                     and config.dtype == "auto" and not config.dummy_weights and not config.lora)  # fmt: skip
         if quantized:
             return "gguf", "float32"
         dtype = platform_dtype if config.dtype == "auto" else config.dtype

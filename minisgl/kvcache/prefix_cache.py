@@ -63,8 +63,9 @@ class BasePrefixCache(ABC):
         """Handle standing for the empty prefix (what a request holds before any match)."""
 
     @abstractmethod
-    def match(self, token_ids: Sequence[int]) -> MatchResult:
-        """Longest cached prefix of whole pages; refreshes its LRU time; does not lock."""
+    def match(self, token_ids: Sequence[int], namespace: int = 0) -> MatchResult:
+        """Longest cached prefix of whole pages; refreshes its LRU time; does not lock. Prefixes
+        match only within their `namespace` (0: the base model; else a LoRA adapter's uid)."""
 
     @abstractmethod
     def lock(self, handle: CacheHandle) -> None:
@@ -75,8 +76,9 @@ class BasePrefixCache(ABC):
         """Undo one `lock(handle)`."""
 
     @abstractmethod
-    def insert(self, token_ids: Sequence[int], pages: Sequence[int]) -> InsertResult:
-        """Offer `pages` (one per `page_size` tokens of `token_ids`); see the module docstring."""
+    def insert(self, token_ids: Sequence[int], pages: Sequence[int], namespace: int = 0) -> InsertResult:
+        """Offer `pages` (one per `page_size` tokens of `token_ids`) under `namespace`; see the
+        module docstring."""
 
     @abstractmethod
     def evict(self, num_pages: int) -> list[int]:
@@ -123,7 +125,7 @@ class NaivePrefixCache(BasePrefixCache):
     def root(self) -> CacheHandle:
         return self._root
 
-    def match(self, token_ids: Sequence[int]) -> MatchResult:
+    def match(self, token_ids: Sequence[int], namespace: int = 0) -> MatchResult:
         return MatchResult(self._root, [])
 
     def lock(self, handle: CacheHandle) -> None:
@@ -132,7 +134,7 @@ class NaivePrefixCache(BasePrefixCache):
     def unlock(self, handle: CacheHandle) -> None:
         assert handle is self._root, "handle does not belong to this cache"
 
-    def insert(self, token_ids: Sequence[int], pages: Sequence[int]) -> InsertResult:
+    def insert(self, token_ids: Sequence[int], pages: Sequence[int], namespace: int = 0) -> InsertResult:
         assert len(token_ids) == len(pages) * self.page_size, "insert whole pages only"
         return InsertResult(self._root, [], [])
 

@@ -33,13 +33,17 @@ class _RadixNode(CacheHandle):
     # Locks held on this node or any descendant: a node is evictable only at ref 0.
     ref: int = 0
     last_access: int = 0
+    is_root: bool = False  # the root of a namespace (never evicted, never locked)
 
 
 class RadixPrefixCache(BasePrefixCache):
     def __init__(self, page_size: int) -> None:
         super().__init__(page_size)
         self._uids = itertools.count()
-        self._root = _RadixNode((), [], None, next(self._uids))
+        self._root = _RadixNode((), [], None, next(self._uids), is_root=True)
+        # One tree per namespace (0: the base model; a LoRA adapter's uid otherwise): prefixes
+        # computed under one adapter are never matched under another.
+        self._roots: dict[int, _RadixNode] = {0: self._root}
         self._clock = 0  # logical LRU time: deterministic, unlike wall time
         self._cached = 0
         self._evictable = 0
@@ -60,11 +64,11 @@ class RadixPrefixCache(BasePrefixCache):
     def cached_pages(self) -> int:
         return self._cached
 
-    def match(self, token_ids: Sequence[int]) -> MatchResult:
+    def match(self, token_ids: Sequence[int], namespace: int = 0) -> MatchResult:
         """Longest cached whole-page prefix. The pages are safe only once `lock(handle)` is
         called: lock before any `evict`, which may otherwise release them."""
-        node, pages = self._walk(tuple(token_ids))
-        if node is not self._root:
+        node, pages = self._walk(tuple(token_ids), self._root_of(namespace))
+        if not node.is_root:
             self._touch(node)
         return MatchResult(node, pages)
 
@@ -72,8 +76,7 @@ class RadixPrefixCache(BasePrefixCache):
 
     def lock(self, handle: CacheHandle) -> None:
         node = self._as_node(handle)
-        root = self._root
-        while node is not root:
+        while not node.is_root:
             if node.ref == 0:
                 self._evictable -= len(node.pages)
             node.ref += 1
@@ -83,8 +86,7 @@ class RadixPrefixCache(BasePrefixCache):
 
     def unlock(self, handle: CacheHandle) -> None:
         node = self._as_node(handle)
-        root = self._root
-        while node is not root:
+        while not node.is_root:
             assert node.ref > 0, "unlock without a matching lock"
             node.ref -= 1
             if node.ref == 0:
@@ -97,11 +99,11 @@ class RadixPrefixCache(BasePrefixCache):
 
     # ---- mutation -------------------------------------------------------------------------
 
-    def insert(self, token_ids: Sequence[int], pages: Sequence[int]) -> InsertResult:
+    def insert(self, token_ids: Sequence[int], pages: Sequence[int], namespace: int = 0) -> InsertResult:
         page_size = self.page_size
         assert len(token_ids) == len(pages) * page_size, "insert whole pages only"
         tokens = tuple(token_ids)
-        node, cached = self._walk(tokens)
+        node, cached = self._walk(tokens, self._root_of(namespace))
         # Pages already in the tree win; the caller's copies of them are duplicates to free.
         to_free = [mine for mine, kept in zip(pages, cached) if mine != kept]
         pos = len(cached) * page_size
@@ -114,14 +116,13 @@ class RadixPrefixCache(BasePrefixCache):
             self._evictable += len(new_pages)  # unlocked until the caller locks the handle
             node = leaf
             cached.extend(new_pages)
-        if node is not self._root:
+        if not node.is_root:
             self._touch(node)
         return InsertResult(node, cached, to_free)
 
     def evict(self, num_pages: int) -> list[int]:
         freed: list[int] = []
         heap = self._heap
-        root = self._root
         page_size = self.page_size
         while len(freed) < num_pages and heap:
             stamp, _, node = heapq.heappop(heap)
@@ -134,20 +135,21 @@ class RadixPrefixCache(BasePrefixCache):
             self._cached -= len(node.pages)
             self._evictable -= len(node.pages)
             self._num_nodes -= 1
-            if parent is not root and not parent.children and parent.ref == 0:
+            if not parent.is_root and not parent.children and parent.ref == 0:
                 self._push(parent)
         return freed
 
     def reset(self) -> list[int]:
         assert self._evictable == self._cached, "reset while prefixes are locked"
         pages: list[int] = []
-        stack = list(self._root.children.values())
+        stack = self._top_nodes()
         while stack:
             node = stack.pop()
             pages.extend(node.pages)
             stack.extend(node.children.values())
             node.parent = None  # stale handles now fail lock/unlock asserts
         self._root.children = {}
+        self._roots = {0: self._root}
         self._cached = self._evictable = self._num_nodes = 0
         self._heap = []
         return pages
@@ -158,12 +160,22 @@ class RadixPrefixCache(BasePrefixCache):
         assert isinstance(handle, _RadixNode), "handle does not belong to a radix cache"
         return handle
 
-    def _walk(self, tokens: _Key) -> tuple[_RadixNode, list[int]]:
-        """Follow `tokens` down whole pages, splitting the last edge if the match ends inside
-        it. Returns the node ending the matched prefix and that prefix's pages."""
+    def _root_of(self, namespace: int) -> _RadixNode:
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = _RadixNode((), [], None, next(self._uids), is_root=True)
+        return root
+
+    def _top_nodes(self) -> list[_RadixNode]:
+        """The children of every namespace's root."""
+        return [child for root in self._roots.values() for child in root.children.values()]
+
+    def _walk(self, tokens: _Key, root: _RadixNode) -> tuple[_RadixNode, list[int]]:
+        """Follow `tokens` down whole pages from `root`, splitting the last edge if the match
+        ends inside it. Returns the node ending the matched prefix and that prefix's pages."""
         page_size = self.page_size
         end = len(tokens) - len(tokens) % page_size
-        node = self._root
+        node = root
         pages: list[int] = []
         pos = 0
         while pos < end:
@@ -220,8 +232,7 @@ class RadixPrefixCache(BasePrefixCache):
         self._clock += 1
         now = self._clock
         walk: _RadixNode | None = node
-        root = self._root
-        while walk is not None and walk is not root:
+        while walk is not None and not walk.is_root:
             walk.last_access = now
             walk = walk.parent
         if not node.children and node.ref == 0:
@@ -237,7 +248,7 @@ class RadixPrefixCache(BasePrefixCache):
 
     def _iter_nodes(self) -> list[_RadixNode]:
         out: list[_RadixNode] = []
-        stack = list(self._root.children.values())
+        stack = self._top_nodes()
         while stack:
             node = stack.pop()
             out.append(node)
@@ -249,14 +260,14 @@ class RadixPrefixCache(BasePrefixCache):
         cached = evictable = 0
         seen: set[int] = set()
         nodes = self._iter_nodes()
-        for node in [self._root, *nodes]:
+        for node in [*self._roots.values(), *nodes]:
             child_refs = 0
             for first, child in node.children.items():
                 assert child.parent is node, "broken parent link"
                 assert first == child.key[:page_size], "child keyed by the wrong page"
                 child_refs += child.ref
-            if node is self._root:
-                continue  # locks never count on the root: it cannot be evicted anyway
+            if node.is_root:
+                continue  # locks never count on a root: it cannot be evicted anyway
             assert node.ref >= child_refs, "a lock below a node must also count on the node"
             assert node.pages and len(node.key) == len(node.pages) * page_size
             assert seen.isdisjoint(node.pages), "a page is cached twice"

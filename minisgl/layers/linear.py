@@ -7,7 +7,7 @@ full checkpoint tensor (or one shard of a fused layer) and copies this rank's sl
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,22 @@ from minisgl.platform import current
 
 WeightLoader = Callable[..., None]
 LinearFn = Callable[..., torch.Tensor]
+
+
+class LinearDelta(Protocol):
+    """Something added onto a layer's output (a LoRA adapter's B @ A @ x: lora/layer.py). On a
+    row-parallel layer it is added to this rank's partial sum, before the all-reduce."""
+
+    def add_(self, x: torch.Tensor, out: torch.Tensor) -> None: ...
+
+
+class PartRows(NamedTuple):
+    """Where one checkpoint part lands in this rank's output rows: rows [offset, offset + size)
+    hold shard `shard` (of `size` rows) of the part's full tensor."""
+
+    offset: int
+    size: int
+    shard: int
 
 
 def select_linear(weight: torch.Tensor) -> LinearFn:
@@ -72,10 +88,21 @@ class ColumnParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features))
         self._linear = select_linear(self.weight)
         self.weight_held_by_fn = False  # set by use_weight_fn
+        self.lora: LinearDelta | None = None  # set by lora/layer.py when adapters are served
         _set_loader(self.weight, self._load)
         self.bias = nn.Parameter(torch.empty(self.out_per_rank)) if bias else None
         if self.bias is not None:
             _set_loader(self.bias, self._load)
+
+    @property
+    def parts(self) -> tuple[str | int | None, ...]:
+        """The checkpoint parts fused into this layer (None: the layer is one part)."""
+        return (None,)
+
+    def part_rows(self, part: str | int | None = None) -> PartRows:
+        """Where `part` sits in this rank's output rows (the weight loader's and LoRA's B split)."""
+        assert part is None, f"{type(self).__name__} has no part {part!r}"
+        return PartRows(0, self.out_per_rank, self.tp_rank)
 
     def _load(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         _copy(param, loaded.narrow(0, self.tp_rank * self.out_per_rank, self.out_per_rank))
@@ -86,7 +113,10 @@ class ColumnParallelLinear(nn.Module):
         _drop_weight(self, fn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._linear(x, self.weight, self.bias)
+        out = self._linear(x, self.weight, self.bias)
+        if self.lora is not None:
+            self.lora.add_(x, out)
+        return out
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -100,11 +130,17 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.part_per_rank = [divide(size, tp.size, "output features") for size in part_sizes]
         super().__init__(in_features, sum(part_sizes), bias)
 
+    @property
+    def parts(self) -> tuple[str | int | None, ...]:
+        return tuple(range(len(self.part_per_rank)))
+
+    def part_rows(self, part: str | int | None = None) -> PartRows:
+        assert isinstance(part, int), "a merged projection is loaded one part at a time"
+        return PartRows(sum(self.part_per_rank[:part]), self.part_per_rank[part], self.tp_rank)
+
     def _load(self, param: nn.Parameter, loaded: torch.Tensor, part: int | None = None) -> None:  # type: ignore[override]
-        assert part is not None, "a merged projection is loaded one part at a time"
-        size = self.part_per_rank[part]
-        offset = sum(self.part_per_rank[:part])
-        _copy(param.data.narrow(0, offset, size), loaded.narrow(0, self.tp_rank * size, size))  # type: ignore[arg-type]
+        offset, size, shard = self.part_rows(part)
+        _copy(param.data.narrow(0, offset, size), loaded.narrow(0, shard * size, size))  # type: ignore[arg-type]
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -123,16 +159,21 @@ class QKVParallelLinear(ColumnParallelLinear):
         total_per_rank = (self.num_heads + 2 * self.num_kv_heads) * head_dim
         super().__init__(hidden, total_per_rank * tp.size, bias)
 
-    def _load(self, param: nn.Parameter, loaded: torch.Tensor, part: str | None = None) -> None:  # type: ignore[override]
+    @property
+    def parts(self) -> tuple[str | int | None, ...]:
+        return ("q", "k", "v")
+
+    def part_rows(self, part: str | int | None = None) -> PartRows:
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         if part == "q":
-            offset, size, shard = 0, q_size, self.tp_rank
-        elif part in ("k", "v"):
-            offset = q_size if part == "k" else q_size + kv_size
-            size, shard = kv_size, self.tp_rank // self.kv_replicas
-        else:
-            raise AssertionError(f"unknown qkv part {part!r}")
+            return PartRows(0, q_size, self.tp_rank)
+        if part in ("k", "v"):
+            return PartRows(q_size if part == "k" else q_size + kv_size, kv_size, self.tp_rank // self.kv_replicas)
+        raise AssertionError(f"unknown qkv part {part!r}")
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor, part: str | None = None) -> None:  # type: ignore[override]
+        offset, size, shard = self.part_rows(part)
         _copy(param.data.narrow(0, offset, size), loaded.narrow(0, shard * size, size))  # type: ignore[arg-type]
 
 
@@ -145,6 +186,7 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank))
         self._linear = select_linear(self.weight)
         self.weight_held_by_fn = False  # set by use_weight_fn
+        self.lora: LinearDelta | None = None  # set by lora/layer.py when adapters are served
         # `add_to_`: the split-K Triton GEMM where the platform compiles Triton (--triton-gemm).
         self._splitk = current().kernels.triton_gemm
         _set_loader(self.weight, self._load_weight)
@@ -161,6 +203,8 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self._linear(x, self.weight)
+        if self.lora is not None:  # this rank's share of the delta (A is split like x), summed below
+            self.lora.add_(x, out)
         out = all_reduce(out)
         # Bias is added once, after the reduction.
         return out if self.bias is None else out + self.bias
@@ -169,6 +213,8 @@ class RowParallelLinear(nn.Module):
         """residual += x @ W.T in place, in the GEMM's epilogue (no bias, one rank: the folded
         layer of models/llama.py). Returns `residual`."""
         assert self.bias is None and self.tp_size == 1
+        if self.lora is not None:
+            return residual.add_(self.forward(x))
         if self.weight_held_by_fn:
             return residual.add_(self._linear(x, self.weight))
         return add_linear_(residual, x, self.weight, self._splitk)

@@ -31,6 +31,7 @@ from minisgl.tokenizer.request import RequestTokenizer, load_hf_tokenizer
 PromptInput = str | list[int]
 Message = dict[str, Any]
 ParamsInput = SamplingParams | Sequence[SamplingParams] | None
+LoraInput = str | Sequence[str | None] | None  # a LoRA adapter's name for every prompt, or one per prompt
 
 _ENGINE_FIELDS = frozenset(f.name for f in fields(EngineConfig))
 _SCHED_FIELDS = frozenset(f.name for f in fields(SchedulerConfig))
@@ -90,7 +91,9 @@ class LLM:
     (`device`, `dtype`, `page_size`, `num_pages`, `max_running_requests`, `cache`, ...);
     `engine_config=` / `scheduler_config=` give whole configs that the keywords then override.
     `reasoning_parser` (qwen3, deepseek_r1, gpt_oss): `chat` outputs carry the thinking in
-    `reasoning_content`, apart from `text` (docs/reasoning.md)."""
+    `reasoning_content`, apart from `text` (docs/reasoning.md). LoRA: `lora_modules={name: path}`
+    (or pairs), `max_loras`, `max_lora_rank`, `enable_lora`; `generate(..., lora=name)` runs a
+    prompt on an adapter (lora/)."""
 
     def __init__(
         self, model: str | None = None, *, engine_config: EngineConfig | None = None,
@@ -99,6 +102,10 @@ class LLM:
         if reasoning_parser is not None:
             reasoning_parser_class(reasoning_parser)  # an unknown name: ValueError before the model loads
         self.reasoning_parser = reasoning_parser
+        if isinstance(kwargs.get("lora_modules"), dict):
+            kwargs["lora_modules"] = tuple(kwargs["lora_modules"].items())
+        elif "lora_modules" in kwargs:
+            kwargs["lora_modules"] = tuple(tuple(pair) for pair in kwargs["lora_modules"])
         engine_cfg, sched_cfg = split_config(model, kwargs, engine_config, scheduler_config)
         self.engine, self.scheduler = build_scheduler(engine_cfg, sched_cfg)
         self._tokenizer: Any = None
@@ -137,23 +144,32 @@ class LLM:
         return self.requests.encode(ChatPrompt(list(messages), list(tools or []), dict(template_kwargs)))
 
     def generate(self, prompts: PromptInput | Sequence[PromptInput], sampling_params: ParamsInput = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:  # fmt: skip
-        """One `RequestOutput` per prompt (a string, or token ids), in order."""
+                 use_tqdm: bool = True, lora: LoraInput = None) -> list[RequestOutput]:  # fmt: skip
+        """One `RequestOutput` per prompt (a string, or token ids), in order; `lora`: the adapter
+        (by name) of every prompt, or a list with one per prompt (None: the base model)."""
         single = isinstance(prompts, str) or (isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], int))
         items: list[Any] = [prompts] if single else list(prompts)
         wrapped: list[Prompt] = [TextPrompt(p) if isinstance(p, str) else TokenPrompt([int(t) for t in p]) for p in items]
-        return self._run(wrapped, sampling_params, use_tqdm)
+        return self._run(wrapped, sampling_params, use_tqdm, lora)
+
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load a PEFT adapter at run time (ValueError: LoRA off, name taken, bad adapter)."""
+        self.scheduler.load_adapter(name, path)
+
+    def unload_lora_adapter(self, name: str) -> None:
+        self.scheduler.unload_adapter(name)
 
     def chat(
         self, messages: list[Message] | Sequence[list[Message]], sampling_params: ParamsInput = None,
         use_tqdm: bool = True, chat_template_kwargs: dict[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[dict[str, Any]] | None = None, lora: LoraInput = None,
     ) -> list[RequestOutput]:  # fmt: skip
-        """One conversation (a list of OpenAI messages) or many; `tools`: OpenAI function tools."""
+        """One conversation (a list of OpenAI messages) or many; `tools`: OpenAI function tools;
+        `lora` as in `generate`."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         kwargs = dict(chat_template_kwargs or {})
         prompts: list[Prompt] = [ChatPrompt(list(c), list(tools or []), kwargs) for c in conversations]  # type: ignore[arg-type]
-        return self._run(prompts, sampling_params, use_tqdm)
+        return self._run(prompts, sampling_params, use_tqdm, lora)
 
     def embed(self, prompts: PromptInput | Sequence[PromptInput], *, dimensions: int | None = None,
               use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:  # fmt: skip
@@ -163,7 +179,8 @@ class LLM:
         first, self._next_rid = self._next_rid, self._next_rid + len(wrapped)
         return embed_prompts(self.scheduler, self.requests, wrapped, first, dimensions, use_tqdm)
 
-    def _run(self, prompts: list[Prompt], sampling_params: ParamsInput, use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, prompts: list[Prompt], sampling_params: ParamsInput, use_tqdm: bool,
+             lora: LoraInput = None) -> list[RequestOutput]:  # fmt: skip
         """Validate and queue the prompts, step the scheduler until all finish, detokenizing each
         step's outputs as they come.
 
@@ -175,6 +192,7 @@ class LLM:
         prompt that fails its check raises (ValueError, the server's message) after the requests
         queued so far are aborted."""
         params = _params_per_prompt(sampling_params, len(prompts))
+        adapters = _lora_per_prompt(lora, len(prompts))
         results: list[RequestOutput] = []
         builders: dict[int, OutputBuilder] = {}
         queued = 0
@@ -186,7 +204,7 @@ class LLM:
             nonlocal queued
             tokens = 0
             while queued < len(prompts) and tokens < slice_tokens:
-                tokens += self._queue(prompts[queued], params[queued], results, builders)
+                tokens += self._queue(prompts[queued], params[queued], results, builders, adapters[queued])
                 queued += 1
 
         pending = total
@@ -225,7 +243,7 @@ class LLM:
         return results
 
     def _queue(self, prompt: Prompt, sampling: SamplingParams, results: list[RequestOutput],
-               builders: dict[int, OutputBuilder]) -> int:  # fmt: skip
+               builders: dict[int, OutputBuilder], lora: str | None = None) -> int:  # fmt: skip
         """Tokenize, check and queue the `sampling.n` requests of one prompt; its token count."""
         want_logprobs = sampling.logprobs is not None
         echo = sampling.prompt_logprobs is not None  # the detokenizer gives their texts with the echo
@@ -239,13 +257,22 @@ class LLM:
                               include_stop=sampling.include_stop_str_in_output, echo=echo)  # fmt: skip
             tokenized = self.requests.tokenize(msg)
             ids, text = tokenized.msg.input_ids, tokenized.prompt_text
-            self.scheduler.add_request(rid, ids, tokenized.msg.sampling)
+            self.scheduler.add_request(rid, ids, tokenized.msg.sampling, lora=lora)
             assert tokenized.msg.facts is not None
             self.detok.register(tokenized.msg.facts)
             builders[rid] = builder = OutputBuilder(index, want_logprobs)
             outputs.append(builder.out)
         results.append(RequestOutput(str(self._next_rid - sampling.n), text, ids, outputs))
         return len(ids) * sampling.n
+
+
+def _lora_per_prompt(lora: LoraInput, count: int) -> list[str | None]:
+    if lora is None or isinstance(lora, str):
+        return [lora] * count
+    names = list(lora)
+    if len(names) != count:
+        raise ValueError(f"{count} prompts but {len(names)} LoRA adapter names")
+    return names
 
 
 def _params_per_prompt(sampling_params: ParamsInput, count: int) -> list[SamplingParams]:

@@ -11,6 +11,7 @@ from minisgl.message.frontend import (
     FrontendMsg,
     QueryErrorMsg,
     QueryReply,
+    LoraAdapterReplyMsg,
     SchedulerStats,
     StatsMsg,
     TextDelta,
@@ -19,7 +20,7 @@ from minisgl.message.frontend import (
     TokensMsg,
     TopLogprob,
 )
-from minisgl.message.scheduler import AbortMsg, SchedulerMsg, ShutdownMsg, StatsReqMsg, TokenizedMsg
+from minisgl.message.scheduler import AbortMsg, LoraAdapterMsg, SchedulerMsg, ShutdownMsg, StatsReqMsg, TokenizedMsg
 from minisgl.message.tokenizer import (
     ChatPrompt,
     DetokenizeQueryMsg,
@@ -51,6 +52,8 @@ __all__ = [
     "QueryErrorMsg",
     "QueryReply",
     "SchedulerMsg",
+    "LoraAdapterMsg",
+    "LoraAdapterReplyMsg",
     "SchedulerStats",
     "ShutdownMsg",
     "StatsMsg",

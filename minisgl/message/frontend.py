@@ -156,5 +156,15 @@ class EmbeddingMsg:
     outs: list[EmbeddingOut] = field(default_factory=list)
 
 
-QueryReply = StatsMsg | TokensMsg | DetokenizedMsg | QueryErrorMsg
+@wire(tag=79)
+@dataclass(slots=True)
+class LoraAdapterReplyMsg:
+    """Answer to `LoraAdapterMsg`: `status` 200 (done) or the HTTP status of the refusal."""
+
+    query_id: int
+    status: int = 200
+    message: str = ""
+
+
+QueryReply = StatsMsg | TokensMsg | DetokenizedMsg | QueryErrorMsg | LoraAdapterReplyMsg
 FrontendMsg = TextDeltaMsg | ErrorMsg | EmbeddingMsg | QueryReply

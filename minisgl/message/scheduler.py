@@ -23,6 +23,7 @@ class TokenizedMsg:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     facts: DetokFacts | None = None
     pooling: PoolingParams | None = None
+    lora: str | None = None  # the LoRA adapter's name (None: the base model)
 
 
 @wire(tag=21)
@@ -49,4 +50,17 @@ class ShutdownMsg:
     reason: str = ""
 
 
-SchedulerMsg = TokenizedMsg | AbortMsg | StatsReqMsg | ShutdownMsg
+@wire(tag=29)
+@dataclass(slots=True)
+class LoraAdapterMsg:
+    """Load (`path` set) or unload (`path` None) the LoRA adapter `name` on `replica`. Sent by the
+    API server to the tokenizer, which forwards it on the replica's request stream, so every
+    request sent before it reaches the scheduler first. Rank 0 answers `LoraAdapterReplyMsg`."""
+
+    query_id: int
+    replica: int
+    name: str
+    path: str | None = None
+
+
+SchedulerMsg = TokenizedMsg | AbortMsg | StatsReqMsg | ShutdownMsg | LoraAdapterMsg

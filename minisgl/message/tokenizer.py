@@ -63,7 +63,8 @@ class TokenizeMsg:
     ceiling that the tokenizer lowers to what fits in the context and the KV pool after the
     prompt, instead of rejecting the request. `include_stop`: a matched stop string (or stop token's text) stays in
     the output. `echo`: the first delta carries the prompt's text (and its logprobs, if asked).
-    `pooling`: an embedding request (`/v1/embeddings`): the scheduler sends back one vector."""
+    `pooling`: an embedding request (`/v1/embeddings`): the scheduler sends back one vector.
+    `lora`: the LoRA adapter (by name) the request runs on; None: the base model."""
 
     rid: int
     prompt: Prompt
@@ -73,6 +74,7 @@ class TokenizeMsg:
     include_stop: bool = False
     echo: bool = False
     pooling: PoolingParams | None = None
+    lora: str | None = None
 
 
 @wire(tag=47)

@@ -22,6 +22,11 @@ def pages_for(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size)
 
 
+def namespace_of(req: Req) -> int:
+    """The prefix-cache namespace of a request: its LoRA adapter's uid, 0 for the base model."""
+    return 0 if req.lora_id is None else req.lora_id
+
+
 def slots_of(pages: list[int], page_size: int, begin: int, end: int) -> list[int]:
     """The KV slots of positions [begin, end) of a request holding `pages`, a page at a time."""
     if page_size == 1:
@@ -74,9 +79,10 @@ class PageManager:
         return True
 
     # ------------------------------------------------------------------------ prefix cache
-    def match(self, ids: list[int]) -> MatchResult:
-        """The longest cached whole-page prefix of `ids` (not yet locked)."""
-        return self.cache.match(ids)
+    def match(self, ids: list[int], namespace: int = 0) -> MatchResult:
+        """The longest cached whole-page prefix of `ids` (not yet locked) in `namespace`
+        (`namespace_of`: prefixes computed under one LoRA adapter stay its own)."""
+        return self.cache.match(ids, namespace)
 
     def no_match(self) -> MatchResult:
         """Nothing from the cache (a request that needs every prompt position computed)."""
@@ -108,7 +114,7 @@ class PageManager:
         full = req.cached_len // ps
         if full <= req.shared_pages:
             return
-        res = self.cache.insert(req.all_ids[: full * ps], req.pages[:full])
+        res = self.cache.insert(req.all_ids[: full * ps], req.pages[:full], namespace_of(req))
         if not res.pages:
             return  # the cache keeps nothing (naive)
         self.allocator.free(res.pages_to_free)
@@ -129,7 +135,7 @@ class PageManager:
         ps = self.page_size
         full = req.cached_len // ps
         if full > req.shared_pages:
-            res = self.cache.insert(req.all_ids[: full * ps], req.pages[:full])
+            res = self.cache.insert(req.all_ids[: full * ps], req.pages[:full], namespace_of(req))
             self.allocator.free(res.pages_to_free)
             owned_from = max(len(res.pages), req.shared_pages)
         else:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Callable
 
 from minisgl.core import Req
 from minisgl.scheduler.decode import DecodeSet, Retract
-from minisgl.scheduler.pages import PageManager, pages_for
+from minisgl.scheduler.pages import PageManager, namespace_of, pages_for
 
 
 class PrefillPlanner:
@@ -29,6 +30,8 @@ class PrefillPlanner:
         self.dedupe = dedupe
         self.waiting: deque[Req] = deque()
         self._arrival = itertools.count()
+        # With LoRA: pins the adapter's device slot for a request being admitted (False: none free).
+        self.lora_slot: Callable[[int], bool] | None = None
 
     def add(self, req: Req) -> None:
         self.waiting.append(req)
@@ -89,7 +92,7 @@ class PrefillPlanner:
             match = pages.no_match()  # every prompt position needs its logits
         else:
             # At least one token must be computed to produce logits.
-            match = pages.match(ids[: req.total_len - 1])
+            match = pages.match(ids[: req.total_len - 1], namespace_of(req))
             if prefilling and self._shares_pending_prefill(req, ids, len(match.pages), prefilling):
                 return False
         uncached = req.total_len - len(match.pages) * ps
@@ -100,6 +103,9 @@ class PrefillPlanner:
         pages.lock(match)
         if need + reserve > pages.room and self.decode.running:
             pages.unlock(match)
+            return False
+        if req.lora_id is not None and self.lora_slot is not None and not self.lora_slot(req.lora_id):
+            pages.unlock(match)  # every adapter slot is pinned by resident requests: wait
             return False
         pages.attach(req, match)
         if req.arrival == 0 and req.output_len == 0:
@@ -119,7 +125,7 @@ class PrefillPlanner:
             return False  # nothing more this request could take from the cache
         page = ids[begin:end]
         for other in prefilling:
-            if other.row is None or other.total_len < end or other.cached_len >= end:
+            if other.row is None or other.total_len < end or other.cached_len >= end or other.lora_id != req.lora_id:
                 continue  # not prefilling that page
             # The same page, after the same prefix (compared last: the page alone rarely matches).
             if other.token_slice(begin, end) == page and other.token_slice(0, begin) == ids[:begin]:

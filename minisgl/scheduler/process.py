@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from minisgl.distributed.group import Rendezvous
 from minisgl.engine.config import EngineConfig
 from minisgl.message.codec import WIRE
-from minisgl.message.frontend import EmbeddingMsg, EmbeddingOut, ErrorMsg, StatsMsg
-from minisgl.message.scheduler import AbortMsg, ShutdownMsg, StatsReqMsg, TokenizedMsg
+from minisgl.message.frontend import EmbeddingMsg, EmbeddingOut, ErrorMsg, LoraAdapterReplyMsg, StatsMsg
+from minisgl.message.scheduler import AbortMsg, LoraAdapterMsg, ShutdownMsg, StatsReqMsg, TokenizedMsg
 from minisgl.message.tokenizer import DetokFacts, FinishedMsg, TokenOut, TokenOutMsg
 from minisgl.scheduler.build import build_scheduler, engine_limits
 from minisgl.scheduler.config import SchedulerConfig
@@ -132,11 +132,12 @@ class SchedulerLoop:
         if isinstance(msg, TokenizedMsg):
             self.requests += 1
             try:  # checked and fitted to the pool by the tokenizer stage
-                self.scheduler.add_request(msg.rid, msg.input_ids, msg.sampling, msg.pooling)
-            except ValueError as exc:  # wrong task, grammar that does not compile, rid in use: no output follows
+                self.scheduler.add_request(msg.rid, msg.input_ids, msg.sampling, msg.pooling, msg.lora)
+            except ValueError as exc:  # wrong task, grammar that does not compile, rid in use, adapter gone: no output follows
                 refused.append(msg.rid)
                 if self.to_frontend is not None:
-                    self.to_frontend.put(ErrorMsg(msg.rid, str(exc), 400, getattr(exc, "param", None)))
+                    status = getattr(exc, "status", 400)
+                    self.to_frontend.put(ErrorMsg(msg.rid, str(exc), status, getattr(exc, "param", None)))
                 return
             if msg.pooling is None:  # an embedding request never reaches the detokenizer
                 new.append(msg.facts if msg.facts is not None else DetokFacts(msg.rid))
@@ -154,10 +155,25 @@ class SchedulerLoop:
                              prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
                              requests=self.requests, aborted=self.aborted)  # fmt: skip
                 )
+        elif isinstance(msg, LoraAdapterMsg):
+            self._lora_adapter(msg)
         elif isinstance(msg, ShutdownMsg):
             self.running = False
         else:
             logger.warning("scheduler: ignoring unexpected message %s", type(msg).__name__)
+
+    def _lora_adapter(self, msg: LoraAdapterMsg) -> None:
+        """Load or unload an adapter on this rank (every rank applies it at the same point)."""
+        reply = LoraAdapterReplyMsg(msg.query_id)
+        try:
+            if msg.path is None:
+                self.scheduler.unload_adapter(msg.name)
+            else:
+                self.scheduler.load_adapter(msg.name, msg.path)
+        except ValueError as exc:
+            reply = LoraAdapterReplyMsg(msg.query_id, getattr(exc, "status", 400), str(exc))
+        if self.to_frontend is not None:
+            self.to_frontend.put(reply)
 
     def close(self) -> None:
         self.recv.close()

@@ -18,6 +18,7 @@ from minisgl.core import PoolingParams, Req, SamplingParams
 from minisgl.engine.step import LogprobEntry, StepPlan
 from minisgl.engine.grammar import GrammarBackend
 from minisgl.kvcache import BasePrefixCache, PageAllocator
+from minisgl.lora.manager import LoraManager, UnknownAdapterError
 from minisgl.message.frontend import SchedulerStats
 from minisgl.message.tokenizer import TokenOut
 from minisgl.scheduler.config import SchedulerConfig, resolve
@@ -67,6 +68,10 @@ class Scheduler:
             dedupe=config.dedupe_prefill and config.cache == "radix",
         )
         self.controls = RequestControls(self._grammar_backend)
+        # LoRA adapters (lora/manager.py), or None: the engine serves its base model only.
+        self.lora: LoraManager | None = getattr(engine, "lora", None)
+        if self.lora is not None:
+            self.planner.lora_slot = self.lora.acquire
         self.reqs: dict[int, Req] = {}
         self.num_retractions = 0
         self.overlap = config.overlap  # pays only where the device runs asynchronously to the host
@@ -102,7 +107,8 @@ class Scheduler:
 
     # ---------------------------------------------------------------- public API
     def add_request(
-        self, rid: int, prompt_ids: list[int], sampling: SamplingParams, pooling: PoolingParams | None = None
+        self, rid: int, prompt_ids: list[int], sampling: SamplingParams, pooling: PoolingParams | None = None,
+        lora: str | None = None,
     ) -> None:
         """Queue a request: text generation, or an embedding (`pooling`: prefill only, one vector).
 
@@ -113,13 +119,17 @@ class Scheduler:
         scheduler knows: whether the model serves the request's task (`_check_task`), whether
         `rid` is in use (its bookkeeping key), and whether a grammar compiles, which needs the
         engine's vocabulary and tokenizer tables (the backend is built on the first constrained
-        request). Each raises ValueError, queueing nothing."""
+        request), and whether the LoRA adapter `lora` is loaded (UnknownAdapterError, a 404).
+        Each raises ValueError, queueing nothing."""
         self._check_task(pooling)
         if rid in self.reqs:
             raise ValueError(f"request id {rid} is already in use")
+        if lora is not None and (self.lora is None or lora not in self.lora.names):
+            raise UnknownAdapterError(f"The model '{lora}' does not exist.")
         self.controls.add(rid, sampling)  # raises for a grammar that does not compile
+        lora_id = self.lora.ref(lora) if lora is not None and self.lora is not None else None
         req = Req(rid, list(prompt_ids), sampling, eos_ids=self.eos_ids, max_total_len=self.context_len,
-                  pooling=pooling)  # fmt: skip
+                  pooling=pooling, lora_id=lora_id)  # fmt: skip
         self.reqs[rid] = req
         self.planner.add(req)
 
@@ -145,6 +155,19 @@ class Scheduler:
         self.controls.forget(req)
         self._leave(req)
         return True
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Load a LoRA adapter at run time (ValueError: LoRA off, name taken, bad adapter)."""
+        self._adapters().load(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        """Unload one: refused to new requests now, its weights kept until its requests end."""
+        self._adapters().unload(name)
+
+    def _adapters(self) -> LoraManager:
+        if self.lora is None:
+            raise ValueError("LoRA is not enabled: start the server with --enable-lora or --lora-modules")
+        return self.lora
 
     def has_work(self) -> bool:
         return bool(self.planner.waiting or self.decode.running or self._inflight)
@@ -306,6 +329,10 @@ class Scheduler:
     # ---------------------------------------------------------------- leaving, retraction
     def _leave(self, req: Req) -> None:
         """Take a request that ended out of the running set (its pages and row go) or the queue."""
+        if req.lora_id is not None and self.lora is not None:
+            if req.row is not None:
+                self.lora.release(req.lora_id)
+            self.lora.unref(req.lora_id)
         if req.row is not None:
             self.decode.remove(req)
             self.pages.release(req)
@@ -316,6 +343,8 @@ class Scheduler:
         """Preempt a resident request: keep its tokens, drop its KV (cached for a cheap resume)."""
         self.num_retractions += 1
         logger.debug("retracting request %s at %d tokens", req.rid, req.total_len)
+        if req.lora_id is not None and self.lora is not None:
+            self.lora.release(req.lora_id)
         self.decode.remove(req)
         self.pages.release(req)
         req.cached_len = 0

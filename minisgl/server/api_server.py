@@ -27,6 +27,7 @@ from minisgl.server.choice import ChoiceOptions
 from minisgl.server.embeddings_api import add_embedding_routes
 from minisgl.server.embeddings_protocol import EmbeddingRequest
 from minisgl.server.frontend import FrontendManager
+from minisgl.server.lora_api import LoadLoraAdapterRequest, UnloadLoraAdapterRequest, add_lora_routes, model_cards, with_adapter
 from minisgl.server.openapi import body, install_docs
 from minisgl.server.page import add_page_routes
 from minisgl.server.protocol import CompletionRequest, GenerateRequest, RequestError, parse_request
@@ -95,8 +96,9 @@ def create_app(state: AppState) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         req: ChatCompletionRequest = parse_request(ChatCompletionRequest, await request.body())
         sampling, explicit = req.sampling(state.context_len)
+        adapter = state.lora.adapter_for(req.model, state.served_model)  # 404 for an unknown one
         inbox = state.fm.open(req.n, notify_each=req.stream)
-        msgs = chat_msgs(req, inbox.rids, sampling, explicit)
+        msgs = with_adapter(chat_msgs(req, inbox.rids, sampling, explicit), adapter)
         session = Session(state.fm, request, inbox)
         await session.submit(msgs)
         builder = ResponseBuilder("chat", req.model or state.served_model, inbox.rids, True, chat_options(req))
@@ -109,8 +111,9 @@ def create_app(state: AppState) -> FastAPI:
         explicit = True  # the default of 16 is a real limit, not "the rest of the context"
         raw = req.prompts()
         prompts: list[Prompt] = [TextPrompt(p) if isinstance(p, str) else TokenPrompt(p) for p in raw]
+        adapter = state.lora.adapter_for(req.model, state.served_model)
         inbox = state.fm.open(len(prompts) * req.n, notify_each=req.stream)
-        msgs = completion_msgs(req, prompts, inbox.rids, sampling, explicit)
+        msgs = with_adapter(completion_msgs(req, prompts, inbox.rids, sampling, explicit), adapter)
         session = Session(state.fm, request, inbox)
         await session.submit(msgs)
         options = ChoiceOptions(logprobs=req.logprobs is not None, echo=req.echo)
@@ -131,13 +134,14 @@ def create_app(state: AppState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [_model_card(state)]}
+        return {"object": "list", "data": [_model_card(state), *model_cards(state)]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> Any:
-        if model_id != state.served_model:
-            return error_response(404, f"The model '{model_id}' does not exist", "model")
-        return _model_card(state)
+        if model_id == state.served_model:
+            return _model_card(state)
+        card = next((c for c in model_cards(state) if c["id"] == model_id), None)
+        return card if card is not None else error_response(404, f"The model '{model_id}' does not exist", "model")
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -164,9 +168,11 @@ def create_app(state: AppState) -> FastAPI:
     add_anthropic_routes(app, state)
     add_embedding_routes(app, state)
     add_responses_routes(app, state)
+    add_lora_routes(app, state)  # /v1/load_lora_adapter, /v1/unload_lora_adapter (lora_api.py)
     add_page_routes(app)  # GET /: the chat page (page.py)
     install_docs(app, [ChatCompletionRequest, CompletionRequest, GenerateRequest, TokenizeRequest, DetokenizeRequest,
-                       MessagesRequest, CountTokensRequest, EmbeddingRequest, ResponsesRequest])
+                       MessagesRequest, CountTokensRequest, EmbeddingRequest, ResponsesRequest,
+                       LoadLoraAdapterRequest, UnloadLoraAdapterRequest])
     return app
 
 

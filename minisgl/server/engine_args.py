@@ -141,12 +141,33 @@ def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -
     s.add_argument("--dedupe-prefill", action=boolean, default=sched.dedupe_prefill,
                    help="a prompt sharing pages with a request still computing them waits for the cache "
                    "(default: on)")  # fmt: skip
+    add_lora_args(parser, defaults)
     kernels = KernelConfig()
     for name, text in KERNEL_SWITCHES.items():
         default = getattr(kernels, name)
         s.add_argument(flag(name), action=boolean, default=default,
                        help=text if default is None else f"{text} (default: {'on' if default else 'off'})")  # fmt: skip
     return EngineArgGroups(m, d, k, s)
+
+
+def lora_module(text: str) -> tuple[str, str]:
+    """`name=path` of --lora-modules."""
+    name, sep, path = text.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH (a PEFT adapter directory), got {text!r}")
+    return name.strip(), path.strip()
+
+
+def add_lora_args(parser: argparse.ArgumentParser, defaults: EngineConfig) -> None:
+    g = parser.add_argument_group("LoRA adapters", "PEFT adapters served beside the base model: a request's "
+                                  "`model` picks one (lora/; POST /v1/load_lora_adapter at run time)")  # fmt: skip
+    g.add_argument("--lora-modules", type=lora_module, nargs="+", default=None, metavar="NAME=PATH",
+                   help="adapters loaded at start (implies --enable-lora)")  # fmt: skip
+    g.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (loaded at run time too)")
+    g.add_argument("--max-loras", type=positive_int, default=defaults.max_loras,
+                   help=f"adapters one batch may mix (device slots; default: {defaults.max_loras})")  # fmt: skip
+    g.add_argument("--max-lora-rank", type=positive_int, default=defaults.max_lora_rank,
+                   help=f"largest adapter rank served (default: {defaults.max_lora_rank})")  # fmt: skip
 
 
 def check_engine_args(args: argparse.Namespace) -> str | None:
@@ -169,6 +190,8 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         attn=args.attn, tp_size=args.tp, cuda_graph_max_bs=args.cuda_graph_max_bs,
         max_running_requests=args.max_running_requests, max_model_len=args.max_model_len, seed=args.seed,
         pad_eager=args.pad_eager, weights=args.weights, task=args.task,
+        lora_modules=tuple(args.lora_modules or ()), enable_lora=args.enable_lora, max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
         kernels=KernelConfig(**{name: getattr(args, name) for name in (*KERNEL_SWITCHES, *KERNEL_CHOICES)}),
     )  # fmt: skip
     return EngineConfig(**{**values, **overrides})

@@ -22,6 +22,7 @@ from minisgl.message.frontend import (
     EmbeddingMsg,
     EmbeddingOut,
     ErrorMsg,
+    LoraAdapterReplyMsg,
     QueryErrorMsg,
     QueryReply,
     StatsMsg,
@@ -288,7 +289,7 @@ class FrontendManager:
             inbox = self._inboxes.get(msg.rid)
             if inbox is not None:
                 inbox.push(msg)
-        elif isinstance(msg, (StatsMsg, TokensMsg, DetokenizedMsg, QueryErrorMsg)):
+        elif isinstance(msg, (StatsMsg, TokensMsg, DetokenizedMsg, QueryErrorMsg, LoraAdapterReplyMsg)):
             future = self._queries.get(msg.query_id)
             if future is not None and not future.done():
                 future.set_result(msg)

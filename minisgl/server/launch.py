@@ -200,10 +200,12 @@ def _serve(config: ServerConfig, procs: ServiceProcesses, sock: socket.socket, s
 
     from minisgl.server.admission import AdmissionConfig, DrainingServer, guard_app
     from minisgl.server.api_server import AppState, create_app
+    from minisgl.server.lora_registry import LoraRegistry
 
     state = AppState(procs.frontend_addrs, served, context_len, procs.health, started=int(time.time()),
                      api_key=config.api_key, cors_origins=list(config.cors_origins),
-                     reasoning_parser=config.reasoning_parser, max_stored_responses=config.max_stored_responses)  # fmt: skip
+                     reasoning_parser=config.reasoning_parser, max_stored_responses=config.max_stored_responses,
+                     lora=LoraRegistry(config.engine.lora, dict(config.engine.lora_modules)))  # fmt: skip
     # Admission control (server/admission.py): in-flight bound, deadline, drain on SIGTERM.
     queued = config.max_queued_requests
     limit = None if queued is None else config.sched.max_running_requests + queued

@@ -8,6 +8,7 @@ from typing import Any
 
 from minisgl.server.access import MAX_BODY_BYTES
 from minisgl.server.frontend import FrontendAddrs, FrontendManager
+from minisgl.server.lora_registry import LoraRegistry
 from minisgl.server.metrics import ServerMetrics
 
 
@@ -24,6 +25,7 @@ class AppState:
     frontend: FrontendManager | None = None
     reasoning_parser: str | None = None  # --reasoning-parser (the split itself is the detokenizer's)
     max_stored_responses: int = 1000  # /v1/responses store (responses_api.py)
+    lora: LoraRegistry = field(default_factory=LoraRegistry)  # adapters a request's `model` may name
     metrics: ServerMetrics = field(init=False)
 
     def __post_init__(self) -> None:

@@ -86,7 +86,7 @@ class RequestTokenizer:
             include_stop=msg.include_stop, min_tokens=sampling.min_tokens, echo_ids=ids if msg.echo else [],
         )  # fmt: skip
         mark_reasoning(facts, self.reasoning_parser, msg.prompt, text, sampling)
-        return Tokenized(TokenizedMsg(msg.rid, ids, sampling, facts, msg.pooling), text)
+        return Tokenized(TokenizedMsg(msg.rid, ids, sampling, facts, msg.pooling, msg.lora), text)
 
     def query(self, msg: TokenizeQueryMsg | DetokenizeQueryMsg) -> QueryReply:
         """`/tokenize` and `/detokenize`."""

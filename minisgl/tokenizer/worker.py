@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from minisgl.message.codec import WIRE
 from minisgl.message.frontend import ErrorMsg
-from minisgl.message.scheduler import AbortMsg, ShutdownMsg
+from minisgl.message.scheduler import AbortMsg, LoraAdapterMsg, ShutdownMsg
 from minisgl.message.tokenizer import (
     DetokenizeQueryMsg,
     EngineLimitsMsg,
@@ -102,6 +102,8 @@ def run_tokenizer(model_dir: str, context_len: int, addrs: TokenizerAddrs, ready
             owner = router.owner(msg.rid)
             if owner is not None:  # else it has ended already
                 to_scheds[owner].put(msg)
+        elif isinstance(msg, LoraAdapterMsg):  # on the request stream: after every request sent before it
+            to_scheds[msg.replica].put(msg)
         elif isinstance(msg, FinishedMsg):
             router.finished(msg.rids)
         elif isinstance(msg, ShutdownMsg):

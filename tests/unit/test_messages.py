@@ -19,6 +19,8 @@ from minisgl.message import (
     EngineLimitsMsg,
     ErrorMsg,
     FinishedMsg,
+    LoraAdapterMsg,
+    LoraAdapterReplyMsg,
     QueryErrorMsg,
     ShutdownMsg,
     StatsMsg,
@@ -100,6 +102,12 @@ EXAMPLES = [
     TokenOut(12, [], "stop", 2, 1, 0, embedding=b"\x00\x00\x80?"),
     EmbeddingOut(rid=14, embedding=b"\x00" * 8, prompt_tokens=3, cached_tokens=0),
     EmbeddingMsg([EmbeddingOut(12, b"\x00\x00\x80?", 2, 1), EmbeddingOut(13, b"", 1)]),
+    # LoRA adapters (issue 27).
+    TokenizeMsg(rid=15, prompt=TextPrompt("q"), lora="alpha"),
+    TokenizedMsg(rid=16, input_ids=[1], lora="alpha"),
+    LoraAdapterMsg(query_id=9, replica=1, name="alpha", path="/adapters/alpha"),
+    LoraAdapterMsg(query_id=10, replica=0, name="alpha"),
+    LoraAdapterReplyMsg(query_id=9, status=404, message="The lora adapter 'alpha' cannot be found."),
 ]
 
 

@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("scheduler",),
     ("engine",),
     ("models",),
-    ("layers", "attention", "kvcache"),
+    ("layers", "attention", "kvcache", "lora"),
     ("distributed",),
     ("kernels",),
     ("core", "message"),
