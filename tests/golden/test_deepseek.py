@@ -1,0 +1,144 @@
+"""DeepSeek-V2/V3 (multi-head latent attention, group-routed experts) equal Hugging Face
+transformers on the same random weights (fp32, CPU): greedy tokens batched and alone, logits of
+a whole prompt and of an extend over a cached prefix, a radix-cached continuation, and which
+layers are dense."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from minisgl import LLM, SamplingParams
+from minisgl.models.config import ModelConfig
+from tests.deepseek_models import VARIANTS, VOCAB, make_tiny_deepseek
+from tests.tiny_models import hf_greedy
+
+NEW_TOKENS = 32
+
+
+def _prompts(seed: int, lengths: tuple[int, ...] = (1, 9, 23, 70)) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, VOCAB) for _ in range(n)] for n in lengths]
+
+
+def _greedy(llm: LLM, prompts: list[list[int]], new_tokens: int) -> list[Any]:
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    return llm.generate(prompts, params, use_tqdm=False)
+
+
+@pytest.fixture(scope="module", params=VARIANTS)
+def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    path = tmp_path_factory.mktemp(request.param)
+    model = make_tiny_deepseek(request.param, path)
+    # 16-token prefill chunks: the 70-token prompt extends four times over its own cached prefix.
+    llm = LLM(str(path), device="cpu", page_size=4, num_pages=512, max_prefill_tokens=16)
+    yield request.param, model, llm
+    torch.set_num_threads(threads)
+
+
+def test_greedy_matches_hf(tiny: Any) -> None:
+    variant, hf_model, llm = tiny
+    prompts = _prompts(len(variant))
+    expected = [hf_greedy(hf_model, p, NEW_TOKENS) for p in prompts]
+    assert len(set(expected[3])) > NEW_TOKENS // 4, f"{variant}: the tiny model collapsed into repeats"
+    for prompt, exp, got in zip(prompts, expected, _greedy(llm, prompts, NEW_TOKENS)):
+        assert got.outputs[0].token_ids == exp, f"{variant} batched, prompt len {len(prompt)}"
+    (alone,) = _greedy(llm, [prompts[2]], NEW_TOKENS)
+    assert alone.outputs[0].token_ids == expected[2], f"{variant} alone"
+
+
+def test_prefix_cached_continuation(tiny: Any) -> None:
+    """A second request sharing the first one's 36-token prompt reuses its latent pages from the
+    radix cache and extends over them (up-projecting the cached latents); tokens equal HF's."""
+    variant, hf_model, llm = tiny
+    first, extra = _prompts(100 + len(variant), (36, 21))
+    _greedy(llm, [first], 4)
+    second = first + extra
+    (out,) = _greedy(llm, [second], NEW_TOKENS)
+    assert out.num_cached_tokens >= 32, f"{variant}: the shared prefix was not reused from the cache"
+    assert out.outputs[0].token_ids == hf_greedy(hf_model, second, NEW_TOKENS), f"{variant}: continuation"
+
+
+@pytest.mark.parametrize("prefix_len", [0, 45])
+def test_logits_match_hf(tiny: Any, prefix_len: int) -> None:
+    """One forward's logits (every position), whole or extending a cached 45-token prefix."""
+    from tests.engine_helpers import forward_logits
+
+    variant, hf_model, llm = tiny
+    prompt = _prompts(7, (70,))[0]
+    ours = forward_logits(llm.engine, [prompt], prefix_lens=[prefix_len], all_positions=True)[0]
+    with torch.no_grad():
+        theirs = hf_model(torch.tensor([prompt])).logits[0, prefix_len:]
+    rel = (ours - theirs).abs().max() / theirs.abs().max()
+    assert rel < 1e-4, f"{variant}: max relative logits error {rel:.2e}"
+
+
+def test_decode_logits_match_hf(tiny: Any) -> None:
+    """Absorbed decode (one token over a cached prefix) against HF's logits at that position."""
+    from tests.engine_helpers import forward_logits
+
+    variant, hf_model, llm = tiny
+    prompts = _prompts(9, (30, 51))
+    ours = forward_logits(llm.engine, prompts, prefix_lens=[len(p) - 1 for p in prompts])
+    for prompt, got in zip(prompts, ours):
+        with torch.no_grad():
+            theirs = hf_model(torch.tensor([prompt])).logits[0, -1:]
+        rel = (got - theirs).abs().max() / theirs.abs().max()
+        assert rel < 1e-4, f"{variant}: decode logits error {rel:.2e} at length {len(prompt)}"
+
+
+def _hf_dict(variant: str, **options: Any) -> tuple[dict[str, Any], list[bool]]:
+    import transformers as tf
+
+    base = dict(vocab_size=32, hidden_size=16, intermediate_size=32, moe_intermediate_size=8, num_attention_heads=2,
+                n_routed_experts=4, num_experts_per_tok=2, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4,
+                v_head_dim=4, n_group=2, topk_group=1, q_lora_rank=None)  # fmt: skip
+    config_cls, model_cls = (tf.DeepseekV2Config, tf.DeepseekV2ForCausalLM) if variant == "v2" else (
+        tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM)  # fmt: skip
+    config = config_cls(**{**base, **options})
+    hf_moe = [type(layer.mlp).__name__.endswith(("Moe", "MoE")) for layer in model_cls(config).model.layers]
+    hf = config.to_dict()
+    hf["architectures"] = [model_cls.__name__]
+    return hf, hf_moe
+
+
+@pytest.mark.parametrize("variant", ["v2", "v3"])
+@pytest.mark.parametrize("dense", [0, 1, 3])
+def test_dense_layers_match_hf(variant: str, dense: int) -> None:
+    from minisgl.layers.deepseek_moe import DeepseekMoE
+    from minisgl.models.registry import build_model
+
+    hf, hf_moe = _hf_dict(variant, num_hidden_layers=4, first_k_dense_replace=dense)
+    ours = build_model(ModelConfig.from_dict(hf))
+    assert [isinstance(layer.mlp, DeepseekMoE) for layer in ours.model.layers] == hf_moe
+
+
+def test_config_reads_the_latent_layout() -> None:
+    """The latent cache's per-token width is one "KV head" of kv_lora_rank + rope dim; the
+    softmax scale carries yarn's mscale_all_dim correction, squared."""
+    hf, _ = _hf_dict("v2", num_hidden_layers=2, rope_scaling={
+        "type": "yarn", "factor": 40.0, "original_max_position_embeddings": 64, "mscale": 0.707,
+        "mscale_all_dim": 0.707})  # fmt: skip
+    config = ModelConfig.from_dict(hf)
+    assert config.deepseek is not None
+    assert (config.num_kv_heads, config.head_dim) == (1, 8 + 4)
+    mscale = 0.1 * 0.707 * torch.tensor(40.0).log().item() + 1.0
+    assert config.softmax_scale == pytest.approx((4 + 4) ** -0.5 * mscale**2)
+    assert config.deepseek.topk_method == "greedy" and config.deepseek.scoring_func == "softmax"
+    v3, _ = _hf_dict("v3", num_hidden_layers=2)
+    v3_config = ModelConfig.from_dict(v3).deepseek
+    assert v3_config is not None and v3_config.scoring_func == "sigmoid" and v3_config.rope_interleave
+
+
+def test_shipped_v2_lite_config_parses() -> None:
+    config = ModelConfig.from_dir(Path(__file__).parents[2] / "configs" / "deepseek-v2-lite")
+    assert config.architecture == "DeepseekV2ForCausalLM" and config.deepseek is not None
+    assert (config.deepseek.kv_lora_rank, config.deepseek.qk_rope_head_dim, config.deepseek.q_lora_rank) == (512, 64, None)
+    assert (config.num_experts, config.num_experts_per_tok, config.deepseek.n_shared_experts) == (64, 6, 2)
+    assert [config.is_sparse_layer(i) for i in range(3)] == [False, True, True]
