@@ -52,8 +52,11 @@ class LatentAttention(AttentionLayer):
         if pool.kv_lora_rank != self.kv_lora_rank or pool.rope_dim != self.rope_dim:
             raise ValueError("the latent pool's layout differs from the model's")
         self.pool = pool
-        device = pool.latent[0].device
-        self.decode_impl = "triton" if compiles_triton(device) and triton_installed() else "torch"
+        # The Triton kernel on CUDA, and wherever the engine runs the Triton attention backend (on
+        # CPU: Triton's interpreter, for tests); the reference otherwise.
+        triton_backend = type(backend).__module__ == "minisgl.attention.triton_backend"
+        use_triton = triton_installed() and (compiles_triton(pool.latent[0].device) or triton_backend)
+        self.decode_impl = "triton" if use_triton else "torch"
 
     def forward(  # type: ignore[override]
         self, q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, kv_b_weight: torch.Tensor
