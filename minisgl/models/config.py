@@ -7,7 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minisgl.models.config_deepseek import DEEPSEEK_ARCHITECTURES, DeepseekConfig, deepseek_config, parse_deepseek
+from minisgl.models.config_deepseek import (
+    DEEPSEEK_ARCHITECTURES,
+    DeepseekConfig,
+    deepseek_config,
+    parse_deepseek,
+)
 from minisgl.models.config_families import family_config, family_fields, parse_rope
 
 SUPPORTED_ARCHITECTURES = (

@@ -20,7 +20,11 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from minisgl.kernels.attention.common import _LOG2E, _SMALL_BLOCKS, _block_d, _precision
-from minisgl.kernels.attention.decode import _decode_reduce_kernel, alloc_decode_buffers, decode_num_splits
+from minisgl.kernels.attention.decode import (
+    _decode_reduce_kernel,
+    alloc_decode_buffers,
+    decode_num_splits,
+)
 from minisgl.kernels.pdl import pdl_args
 
 
