@@ -122,7 +122,8 @@ class Engine:
         if config.kernels.fold_norms and not self.pool.quantized and fold is not None and fold():
             logger.info("RMSNorm weights folded into the qkv and gate_up projections")
         self.runner = self._make_runner()
-        if self.platform.compiles_triton:  # compiled kernels only (the CPU interpreter compiles nothing)
+        # Compiled kernels only (the CPU interpreter compiles nothing); MLA layers run their own.
+        if self.platform.compiles_triton and not isinstance(self.pool, LatentPool):
             self.attn_backend.warmup(self.token_table, self.scratch_row)
         logger.info(
             "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s",

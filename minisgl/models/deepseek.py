@@ -142,6 +142,14 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
     def make_layer(self, config: ModelConfig, layer_id: int) -> nn.Module:
         return DeepseekDecoderLayer(config, layer_id)
 
+    def checkpoint_name(self, name: str) -> str | None:
+        """Skip the layers past `num_hidden_layers`: V3's multi-token-prediction module
+        (`model.layers.61.*`), which plain decoding does not run (transformers skips it too)."""
+        parts = name.split(".")
+        if len(parts) > 2 and parts[0] == "model" and parts[1] == "layers" and int(parts[2]) >= self.config.num_layers:
+            return None
+        return name
+
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
     """V3's differences are config-driven: sigmoid gate with its correction bias (`noaux_tc`),

@@ -156,3 +156,18 @@ def test_triton_engine_matches_hf(tmp_path: Path) -> None:
     assert layers and all(layer.decode_impl == "triton" for layer in layers)
     for prompt, got in zip(prompts, _greedy(llm, prompts, 8)):
         assert got.outputs[0].token_ids == hf_greedy(hf_model, prompt, 8), f"prompt len {len(prompt)}"
+
+
+def test_checkpoint_layers_past_the_model_are_skipped(tmp_path: Path) -> None:
+    """A V3 checkpoint's multi-token-prediction layer (`model.layers.<num_hidden_layers>.*`) is not
+    loaded (nor an error); the real layers still are."""
+    from safetensors.torch import load_file, save_file
+
+    hf_model = make_tiny_deepseek("v3", tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["model.layers.3.eh_proj.weight"] = torch.zeros(64, 128)
+    tensors["model.layers.3.mlp.gate.weight"] = torch.zeros(8, 64)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    llm = LLM(str(tmp_path), device="cpu", page_size=4, num_pages=64)
+    prompt = _prompts(3, (12,))[0]
+    assert _greedy(llm, [prompt], 6)[0].outputs[0].token_ids == hf_greedy(hf_model, prompt, 6)
