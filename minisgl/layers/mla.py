@@ -93,7 +93,8 @@ class LatentAttention(AttentionLayer):
         cache = self.pool.latent[self.layer_id]
         heads, nope, rank = self.num_heads, self.nope_dim, self.kv_lora_rank
         w_flat = w_kv.reshape(-1, rank)
-        out = q_nope.new_empty(q_nope.shape[0], heads, self.v_dim)
+        # Zeros: rows of padding tokens (an eager step padded to a graph size) belong to no request.
+        out = q_nope.new_zeros(q_nope.shape[0], heads, self.v_dim)
         for start, ext_len, slots, mask, causal in plan_requests(batch, None):
             kv = cache.index_select(0, slots).to(q_nope.dtype)  # [S, L + R]
             up = F.linear(kv[:, :rank], w_flat).view(-1, heads, nope + self.v_dim)  # [S, H, N + V]
