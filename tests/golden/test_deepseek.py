@@ -171,3 +171,76 @@ def test_checkpoint_layers_past_the_model_are_skipped(tmp_path: Path) -> None:
     llm = LLM(str(tmp_path), device="cpu", page_size=4, num_pages=64)
     prompt = _prompts(3, (12,))[0]
     assert _greedy(llm, [prompt], 6)[0].outputs[0].token_ids == hf_greedy(hf_model, prompt, 6)
+
+
+@pytest.mark.parametrize(
+    ("variant", "options"),
+    [
+        ("v2", {"topk_method": "greedy"}),
+        ("v2", {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2}),
+        ("v3", {"n_group": 4, "topk_group": 2, "norm_topk_prob": True}),
+        ("v3", {"n_group": 2, "topk_group": 1, "norm_topk_prob": False}),
+    ],
+)
+def test_gate_matches_hf_router(variant: str, options: dict[str, Any]) -> None:
+    """Our gate picks HF's experts with HF's weights, token by token (V2 softmax, optionally
+    group-limited; V3 sigmoid with its correction bias, groups ranked by their top-2 sum)."""
+    import transformers as tf
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    from minisgl.layers.deepseek_moe import GateSpec, GroupLimitedRouter
+
+    common = dict(hidden_size=32, n_routed_experts=16, num_experts_per_tok=3, routed_scaling_factor=2.5)
+    torch.manual_seed(0)
+    if variant == "v2":
+        hf_config = tf.DeepseekV2Config(**common, **options)
+        hf_gate: torch.nn.Module = DeepseekV2TopkRouter(hf_config)
+    else:
+        hf_config = tf.DeepseekV3Config(**common, **options)
+        hf_gate = DeepseekV3TopkRouter(hf_config)
+        hf_gate.e_score_correction_bias.normal_(0, 0.5)
+    torch.nn.init.normal_(hf_gate.weight, std=0.5)
+    hf = hf_config.to_dict()
+    hf.update(architectures=[f"Deepseek{variant.upper()}ForCausalLM"], num_hidden_layers=1, num_attention_heads=2)
+    mla = ModelConfig.from_dict(hf).deepseek
+    assert mla is not None
+    spec = GateSpec(mla.scoring_func, mla.topk_method, mla.n_group, mla.topk_group, mla.routed_scaling_factor,
+                    bool(hf_config.norm_topk_prob))  # fmt: skip
+    ours = GroupLimitedRouter(16, 32, 3, spec)
+    with torch.no_grad():
+        ours.weight.copy_(hf_gate.weight)
+        if ours.e_score_correction_bias is not None:
+            ours.e_score_correction_bias.copy_(hf_gate.e_score_correction_bias)
+    x = torch.randn(200, 32)
+    with torch.no_grad():
+        _, hf_weights, hf_ids = hf_gate(x)
+        routing = ours(x)
+    hf_ids, order = hf_ids.sort(dim=-1)
+    ids, our_order = routing.ids.sort(dim=-1)
+    assert torch.equal(ids, hf_ids)
+    torch.testing.assert_close(routing.weights.gather(1, our_order), hf_weights.gather(1, order))
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "mscale": 0.707,
+         "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1},
+        {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "mscale": 1.0,
+         "mscale_all_dim": 0.5},
+        {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512, "truncate": False},
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512, "attention_factor": 1.3},
+    ],
+)  # fmt: skip
+def test_yarn_frequencies_match_hf(scaling: dict[str, Any]) -> None:
+    import transformers as tf
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from minisgl.layers.rotary import _inv_freq
+
+    config = tf.DeepseekV3Config(qk_rope_head_dim=64, max_position_embeddings=163840, rope_scaling=dict(scaling))
+    hf_freq, hf_factor = ROPE_INIT_FUNCTIONS["yarn"](config)
+    freq, factor = _inv_freq(64, 10000.0, dict(scaling))
+    torch.testing.assert_close(freq, hf_freq, atol=0, rtol=0)
+    assert factor == pytest.approx(hf_factor)
