@@ -17,6 +17,8 @@ def _mscale(scale: float, mscale: float = 1.0) -> float:
 
 def yarn_inv_freq(dim: int, base: float, scaling: dict[str, Any]) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [dim / 2] (fp32) and the cos/sin factor of YaRN `scaling`."""
+    if not scaling.get("factor") or not scaling.get("original_max_position_embeddings"):
+        raise ValueError(f"yarn rope_scaling needs factor and original_max_position_embeddings, got {scaling}")
     factor = float(scaling["factor"])
     original = float(scaling["original_max_position_embeddings"])
     attn_factor = scaling.get("attention_factor")

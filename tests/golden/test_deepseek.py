@@ -244,3 +244,10 @@ def test_yarn_frequencies_match_hf(scaling: dict[str, Any]) -> None:
     freq, factor = _inv_freq(64, 10000.0, dict(scaling))
     torch.testing.assert_close(freq, hf_freq, atol=0, rtol=0)
     assert factor == pytest.approx(hf_factor)
+
+
+def test_yarn_without_its_lengths_is_a_clear_error() -> None:
+    from minisgl.layers.rotary import _inv_freq
+
+    with pytest.raises(ValueError, match="original_max_position_embeddings"):
+        _inv_freq(64, 10000.0, {"rope_type": "yarn", "factor": 4.0})
