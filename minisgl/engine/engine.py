@@ -27,6 +27,7 @@ from minisgl.engine.pooling import PooledRows
 from minisgl.engine.sampler import LogitsControls, Sampler, SamplingBatch, token_logprobs
 from minisgl.engine.step import ForwardOut, LaunchedStep, PromptChunk, StepPlan, chunked_logprobs, host_copy
 from minisgl.utils.transfer import StagingRing, upload, upload_many
+from minisgl.kvcache.latent_pool import LatentPool
 from minisgl.kvcache.pool import KV_CACHE_DTYPES, KVPool
 from minisgl.layers.attention import AttentionLayer
 from minisgl.models.config import ModelConfig
@@ -125,7 +126,8 @@ class Engine:
         if config.kernels.fold_norms and not self.pool.quantized and fold is not None and fold():
             logger.info("RMSNorm weights folded into the qkv and gate_up projections")
         self.runner = self._make_runner()
-        if self.platform.compiles_triton:  # compiled kernels only (the CPU interpreter compiles nothing)
+        # Compiled kernels only (the CPU interpreter compiles nothing); MLA layers run their own.
+        if self.platform.compiles_triton and not isinstance(self.pool, LatentPool):
             self.attn_backend.warmup(self.token_table, self.scratch_row)
         logger.info(
             "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s",
@@ -173,6 +175,11 @@ class Engine:
         kv_heads = max(1, mc.num_kv_heads // tp.size)
         kv_dtype = KV_CACHE_DTYPES.get(cfg.kv_cache_dtype, self.dtype)
         per_page = KVPool.bytes_per_page(mc.num_layers, cfg.page_size, kv_heads, mc.head_dim, kv_dtype)
+        mla = mc.deepseek  # MLA caches one latent per token and layer (kvcache/latent_pool.py)
+        if mla is not None:
+            per_token = LatentPool.bytes_per_token(mc.num_layers, mla.kv_lora_rank, mla.qk_rope_head_dim, kv_dtype)
+            per_page = per_token * cfg.page_size
+            logger.info("MLA latent cache: %d bytes per token", per_token)
         if cfg.num_pages is not None:
             num_pages = cfg.num_pages
         else:
@@ -191,6 +198,9 @@ class Engine:
                     pages = torch.tensor([num_pages], dtype=torch.int64, device=self.device)
                     dist.all_reduce(pages, op=dist.ReduceOp.MIN)
                     num_pages = int(pages.item())
+        if mla is not None:
+            return LatentPool(mc.num_layers, num_pages, cfg.page_size, mla.kv_lora_rank, mla.qk_rope_head_dim,
+                              kv_dtype, self.device)  # fmt: skip
         return KVPool(mc.num_layers, num_pages, cfg.page_size, kv_heads, mc.head_dim, kv_dtype, self.device, self.dtype)
 
     def _make_runner(self) -> "Runner":

@@ -10,6 +10,7 @@ from minisgl.attention.base import KVStore
 from minisgl.kernels.impl import KernelImpl, resolve_impl
 from minisgl.kernels.rotary_ref import qk_norm_rotary_ref, rotary_ref
 from minisgl.layers.norm import RMSNorm
+from minisgl.layers.rope_yarn import yarn_inv_freq
 
 RotaryFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -34,7 +35,9 @@ def _inv_freq(head_dim: int, base: float, scaling: dict[str, Any] | None) -> tup
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return torch.where(medium, smoothed, scaled), 1.0
-    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3, longrope)")
+    if kind == "yarn":
+        return yarn_inv_freq(head_dim, base, scaling)
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3, longrope, yarn)")
 
 
 def _angles(rotary_dim: int, max_positions: int, base: float, scaling: dict[str, Any] | None) -> tuple[torch.Tensor, float]:

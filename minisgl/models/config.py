@@ -7,6 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from minisgl.models.config_deepseek import (
+    DEEPSEEK_ARCHITECTURES,
+    DeepseekConfig,
+    deepseek_config,
+    parse_deepseek,
+)
 from minisgl.models.config_families import family_config, family_fields, parse_rope
 
 SUPPORTED_ARCHITECTURES = (
@@ -21,6 +27,7 @@ SUPPORTED_ARCHITECTURES = (
     "Phi3ForCausalLM",
     "GraniteForCausalLM",
     "Olmo2ForCausalLM",
+    *DEEPSEEK_ARCHITECTURES,
 )
 # A base model's checkpoint (`Qwen3Model`: the decoder without its LM head, as embedding models
 # such as Qwen3-Embedding are saved) runs on its causal LM's blocks, with no LM head.
@@ -77,6 +84,9 @@ class ModelConfig:
     logits_scaling: float = 1.0
     # False: the decoder without its LM head (a `*Model` checkpoint, or served as embeddings).
     has_lm_head: bool = True
+    # DeepSeek-V2/V3's latent attention and expert gating; then `num_kv_heads` is 1 and `head_dim`
+    # the latent cache's per-token width (kv_lora_rank + qk_rope_head_dim), `attn_scale` MLA's.
+    deepseek: DeepseekConfig | None = None
 
     @property
     def is_moe(self) -> bool:
@@ -129,7 +139,7 @@ class ModelConfig:
                 + ", ".join(SUPPORTED_ARCHITECTURES)
             )
         top = cfg
-        cfg = family_config(arch, cfg)
+        cfg = deepseek_config(arch, cfg) if arch in DEEPSEEK_ARCHITECTURES else family_config(arch, cfg)
         num_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         head_dim = cfg.get("head_dim") or hidden // num_heads
@@ -151,6 +161,16 @@ class ModelConfig:
         layer_types = tuple(str(t) for t in cfg.get("layer_types") or ())
         if layer_types and len(layer_types) != num_layers:
             raise ValueError(f"layer_types lists {len(layer_types)} layers, the model has {num_layers}")
+        num_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0)
+        mlp_only = tuple(int(i) for i in cfg.get("mlp_only_layers") or ())
+        deepseek, kv_heads = None, int(cfg.get("num_key_value_heads") or num_heads)
+        if arch in DEEPSEEK_ARCHITECTURES:  # the latent cache: one "KV head" of the latent's width
+            deepseek = parse_deepseek(arch, cfg, rope.scaling)
+            head_dim, kv_heads = deepseek.latent_dim, 1
+            mlp_only = tuple(i for i in range(num_layers) if not deepseek.is_moe_layer(i, num_experts))
+        fields = family_fields(arch, cfg)
+        if deepseek is not None:
+            fields["attn_scale"] = deepseek.softmax_scale
         return ModelConfig(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
@@ -158,7 +178,7 @@ class ModelConfig:
             intermediate_size=int(cfg.get("intermediate_size", 0)),
             num_layers=num_layers,
             num_heads=num_heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
+            num_kv_heads=kv_heads,
             head_dim=int(head_dim),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=rope.theta,
@@ -170,19 +190,20 @@ class ModelConfig:
             eos_ids=tuple(eos),
             bos_id=cfg.get("bos_token_id"),
             torch_dtype=top.get("torch_dtype") or top.get("dtype") or cfg.get("torch_dtype") or cfg.get("dtype"),
-            # transformers 5 saves Qwen3-MoE's expert count as `num_local_experts`
-            num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
+            # transformers 5 saves Qwen3-MoE's expert count as `num_local_experts`, DeepSeek's is n_routed_experts
+            num_experts=num_experts,
             num_experts_per_tok=int(cfg.get("num_experts_per_tok", 0) or 0),
             moe_intermediate_size=int(cfg.get("moe_intermediate_size", 0) or 0),
             norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
             decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
-            mlp_only_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
+            mlp_only_layers=mlp_only,
             sliding_window=int(sliding) if sliding else None,
             layer_types=layer_types,
             rope_local_theta=rope.local_theta,
             partial_rotary_factor=rope.partial_rotary_factor,
             has_lm_head=not headless,
-            **family_fields(arch, cfg),
+            deepseek=deepseek,
+            **fields,
         )
 
     @staticmethod

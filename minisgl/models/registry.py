@@ -19,6 +19,8 @@ _MODULES = {
     "Phi3ForCausalLM": "phi3",
     "GraniteForCausalLM": "granite",
     "Olmo2ForCausalLM": "olmo2",
+    "DeepseekV2ForCausalLM": "deepseek",
+    "DeepseekV3ForCausalLM": "deepseek",
 }
 assert set(_MODULES) == set(SUPPORTED_ARCHITECTURES), "every supported architecture needs its module"
 
