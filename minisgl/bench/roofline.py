@@ -31,8 +31,12 @@ _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}
 
 
 def kv_bytes_per_step(config: ModelConfig, seq_len: int, dtype_bytes: int) -> int:
-    """K and V bytes one decode step reads for one request of `seq_len` cached tokens."""
-    per_token = 2 * config.num_kv_heads * config.head_dim * dtype_bytes
+    """K and V bytes one decode step reads for one request of `seq_len` cached tokens (MLA: the
+    one latent vector per token and layer, kv_lora_rank + qk_rope_head_dim values)."""
+    if config.deepseek is not None:
+        per_token = (config.deepseek.kv_lora_rank + config.deepseek.qk_rope_head_dim) * dtype_bytes
+    else:
+        per_token = 2 * config.num_kv_heads * config.head_dim * dtype_bytes
     total = 0
     for layer in range(config.num_layers):
         window = config.layer_window(layer)

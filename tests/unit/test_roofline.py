@@ -84,3 +84,13 @@ def test_bench_offline_prints_its_floor(tmp_path) -> None:
     for key in ("kv_bytes", "weight_bytes", "floor_s", "floor_tok_s", "fraction_of_floor"):
         assert record[key] == expected[key], key
     assert "% of the floor" in run.stderr
+
+
+def test_mla_reads_one_latent_per_token_and_layer() -> None:
+    config = ModelConfig.from_dir("configs/deepseek-v2-lite")  # 27 layers, kv_lora_rank 512, rope 64
+    assert kv_bytes_per_step(config, 100, 2) == 100 * 27 * (512 + 64) * 2
+    from minisgl.bench.roofline import weight_bytes
+
+    wb = weight_bytes(config, 2)  # 64 routed experts, top 6; the first layer is dense
+    assert (wb.num_experts, wb.top_k) == (64, 6)
+    assert wb.per_expert == 26 * 3 * 2048 * 1408 * 2
