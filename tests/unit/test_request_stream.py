@@ -51,7 +51,7 @@ class FakeScheduler:
     def stats(self) -> SchedulerStats:
         return SchedulerStats(100, 100, 0, 0, len(self.live), 0)
 
-    def add_request(self, rid: int, ids: list[int], sampling: object, pooling: object = None) -> None:
+    def add_request(self, rid: int, ids: list[int], sampling: object, pooling: object = None, lora: object = None) -> None:
         if len(ids) > 8:
             raise ValueError("the request needs more than the pool holds")
         self.live[rid] = 0
