@@ -34,7 +34,50 @@ def _inv_freq(head_dim: int, base: float, scaling: dict[str, Any] | None) -> tup
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return torch.where(medium, smoothed, scaled), 1.0
-    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3, longrope)")
+    if kind == "yarn":
+        return _yarn(head_dim, base, scaling)
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3, longrope, yarn)")
+
+
+def _yarn(dim: int, base: float, scaling: dict[str, Any]) -> tuple[torch.Tensor, float]:
+    """YaRN (GPT-OSS, DeepSeek), as transformers computes it: frequencies below the
+    `beta_slow` rotations over the original context are interpolated by `factor`, those above
+    `beta_fast` kept, a linear ramp between; cos/sin scaled by `attention_factor` (default
+    0.1 ln(factor) + 1, or DeepSeek's ratio of two such terms with `mscale` / `mscale_all_dim`).
+    `truncate` (default on) rounds the ramp's ends outward to whole dimensions."""
+    if "original_max_position_embeddings" not in scaling or "factor" not in scaling:
+        raise ValueError(f"yarn rope_scaling needs factor and original_max_position_embeddings: {scaling}")
+    original = float(scaling["original_max_position_embeddings"])
+    factor = float(scaling["factor"])  # config_families fills it in when the config leaves it out
+
+    def mscale_of(scale: float, mscale: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    attn_factor = scaling.get("attention_factor")
+    if attn_factor is None:
+        mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        if mscale and mscale_all:
+            attn_factor = mscale_of(factor, float(mscale)) / mscale_of(factor, float(mscale_all))
+        else:
+            attn_factor = mscale_of(factor)
+    beta_fast = float(scaling.get("beta_fast") or 32)
+    beta_slow = float(scaling.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers: no zero-width ramp
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp
+    # transformers' order of operations, so the table matches it to the last bit
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, float(attn_factor)
 
 
 def _angles(rotary_dim: int, max_positions: int, base: float, scaling: dict[str, Any] | None) -> tuple[torch.Tensor, float]:

@@ -21,6 +21,7 @@ SUPPORTED_ARCHITECTURES = (
     "Phi3ForCausalLM",
     "GraniteForCausalLM",
     "Olmo2ForCausalLM",
+    "GptOssForCausalLM",
 )
 # A base model's checkpoint (`Qwen3Model`: the decoder without its LM head, as embedding models
 # such as Qwen3-Embedding are saved) runs on its causal LM's blocks, with no LM head.
@@ -29,6 +30,7 @@ HEADLESS_ARCHITECTURES = {arch.removesuffix("ForCausalLM") + "Model": arch
 # Families whose `sliding_window` applies unless `use_sliding_window` says otherwise.
 _WINDOWED_BY_DEFAULT = (
     "MistralForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+    "GptOssForCausalLM",
 )  # fmt: skip
 
 
@@ -77,6 +79,11 @@ class ModelConfig:
     logits_scaling: float = 1.0
     # False: the decoder without its LM head (a `*Model` checkpoint, or served as embeddings).
     has_lm_head: bool = True
+    # GPT-OSS: learned per-head attention sinks, and its experts' clamped SwiGLU
+    # ((up + 1) * gate * sigmoid(alpha * gate), gate clamped above and up both sides at the limit).
+    attn_sinks: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
 
     @property
     def is_moe(self) -> bool:

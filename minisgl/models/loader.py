@@ -103,6 +103,8 @@ def _target(model: nn.Module, name: str) -> tuple[str, str | int | None] | None:
         token = f".{ckpt_part}."
         if token in name:
             return name.replace(token, f".{fused}."), part
+        if name.endswith(token[:-1]):  # a bare parameter's part (GPT-OSS's `experts.down_proj_blocks`)
+            return name[: -len(ckpt_part)] + fused, part
     return name, None
 
 

@@ -19,6 +19,7 @@ _MODULES = {
     "Phi3ForCausalLM": "phi3",
     "GraniteForCausalLM": "granite",
     "Olmo2ForCausalLM": "olmo2",
+    "GptOssForCausalLM": "gpt_oss",
 }
 assert set(_MODULES) == set(SUPPORTED_ARCHITECTURES), "every supported architecture needs its module"
 
