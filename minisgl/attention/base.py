@@ -25,11 +25,21 @@ class AttnLayerSpec:
     soft-cap on the scores (`cap * tanh(scores / cap)` before softmax, Gemma 2), and learned
     attention sinks (GPT-OSS): one logit per q head [Hq] that joins each query's softmax
     denominator and contributes no value. `sinks` is the model's parameter itself (read at every
-    forward, so it holds the loaded weights); specs compare and hash without it."""
+    forward, so it holds the loaded weights). Specs compare and hash by the kernel variant they
+    need (the window, the cap, whether there are sinks), not by the sinks' values."""
 
     sliding_window: int | None = None
     logit_cap: float | None = None
     sinks: torch.Tensor | None = field(default=None, compare=False)
+
+    def _variant(self) -> tuple[int | None, float | None, bool]:
+        return self.sliding_window, self.logit_cap, self.sinks is not None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AttnLayerSpec) and self._variant() == other._variant()
+
+    def __hash__(self) -> int:
+        return hash(self._variant())
 
     def __post_init__(self) -> None:
         assert self.sliding_window is None or self.sliding_window > 0, self.sliding_window
