@@ -114,6 +114,20 @@ def test_shipped_20b_config() -> None:
     assert config.rope_scaling is not None and config.rope_scaling["factor"] == 32.0 and config.swiglu_limit == 7.0
 
 
+def test_20b_shapes_on_meta() -> None:
+    """The shipped config builds GPT-OSS-20B's 20.9B parameters (on the meta device: no memory)."""
+    from minisgl.models.registry import build_model
+
+    root = Path(__file__).resolve().parents[2]
+    with torch.device("meta"):
+        model = build_model(ModelConfig.from_dir(root / "configs" / "gpt-oss-20b"))
+    total = sum(p.numel() for p in model.parameters())
+    assert 20.8e9 < total < 21.0e9, total
+    experts = model.model.layers[0].mlp.experts
+    assert experts.gate_up_proj.shape == (32, 5760, 2880) and experts.down_proj.shape == (32, 2880, 2880)
+    assert model.model.layers[0].self_attn.sinks.shape == (64,)
+
+
 def test_torch_backend_matches_hf(tiny: tuple[Path, torch.nn.Module]) -> None:
     path, hf_model = tiny
     llm = LLM(str(path), device="cpu", dtype="float32", attn="torch", page_size=4, num_pages=128,
