@@ -14,7 +14,7 @@ added by rank 0 only, ahead of the all-reduce.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -75,7 +75,8 @@ class SwigluExperts(nn.Module):
         self.impl = select_moe_impl(impl, self.gate_up_proj.device)
         self._fn: SwigluMoeFn = swiglu_moe_ref
         if self.impl == "triton":
-            from minisgl.kernels.swiglu_moe import swiglu_moe  # the CPU path never imports triton
+            # Imported here so the CPU path never imports triton.
+            from minisgl.kernels.swiglu_moe import swiglu_moe
 
             self._fn = swiglu_moe
 
