@@ -88,8 +88,9 @@ class SwigluExperts(nn.Module):
             if len(pending) < 2:
                 return
             del self._pending[id(param)]
-            # [E, out, in] one expert at a time: a whole layer's fp32 intermediates would be GBs.
-            blocks, scales = pending["blocks"], pending["scales"]
+            # [E, out, in] one expert at a time (a whole layer's fp32 intermediates would be GBs),
+            # on the parameter's device (a GPU dequantizes the 20B model's experts in seconds).
+            blocks, scales = pending["blocks"].to(param.device), pending["scales"].to(param.device)
             dense = torch.stack([dequantize_mxfp4(blocks[e], scales[e], param.dtype) for e in range(blocks.shape[0])])
             self._copy_dense(param, dense)
             return
