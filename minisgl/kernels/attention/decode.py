@@ -182,14 +182,15 @@ def _decode_reduce_kernel(
     if SINKS:  # the sink: one more split, of log-sum-exp sinks[head] (base 2) and no value
         sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
         lse_max = tl.maximum(lse_max, sink)
-    # seq_len 0 (a padded graph entry) empties every split: output 0 rather than NaN.
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    weights = tl.exp2(lse - lse_max)
+        weights = tl.exp2(lse - lse_max)
+        total = tl.sum(weights, 0) + tl.exp2(sink - lse_max)
+    else:
+        # seq_len 0 (a padded graph entry) empties every split: output 0 rather than NaN.
+        lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+        weights = tl.exp2(lse - lse_max)
+        total = tl.sum(weights, 0)
     mo_ptrs = mid_o_ptr + req * stride_mob + head * stride_moh + offs_s[:, None] * stride_mos + offs_d[None, :]
     parts = tl.load(mo_ptrs, mask=s_mask[:, None] & d_mask[None, :], other=0.0)
-    total = tl.sum(weights, 0)
-    if SINKS:
-        total += tl.exp2(sink - lse_max)
     out = tl.sum(weights[:, None] * parts, 0) / tl.where(total == 0.0, 1.0, total)
     tl.store(o_ptr + req * stride_ob + head * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_mask)
 
