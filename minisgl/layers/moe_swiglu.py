@@ -6,7 +6,10 @@ Parameters keep the checkpoint's names (`mlp.router.{weight,bias}`, `mlp.experts
 (this rank's gate rows, then its up rows), down [E, H, I/tp]. Their loaders take transformers'
 layout (gate_up [E, H, 2I] with gate and up interleaved column by column, down [E, I, H]) or the
 shipped MXFP4 pair (`*_blocks` + `*_scales`, [E, out, in / 32, ...], through the `blocks` /
-`scales` parts), which they dequantize at load (`kernels/mxfp4.py`).
+`scales` parts), which they dequantize at load (`kernels/mxfp4.py`). With `mxfp4` and the fused
+Triton kernel (CUDA), the pair stays 4-bit on the device instead, as parameters named as the
+checkpoint's (`experts.gate_up_proj_blocks` [E, 2 * I/tp, H / 2], `..._scales` [E, 2 * I/tp, H / 32],
+`experts.down_proj_blocks` [E, H, I/tp / 2], `..._scales`), dequantized tile by tile in the kernel.
 
 Tensor parallelism splits the intermediate dimension as `layers/moe.py` does; the down bias is
 added by rank 0 only, ahead of the all-reduce.
@@ -52,11 +55,14 @@ class BiasedTopKRouter(nn.Module):
 
 
 class SwigluExperts(nn.Module):
-    """Every expert's projections and biases, this rank's slice of the intermediate dimension."""
+    """Every expert's projections and biases, this rank's slice of the intermediate dimension.
+    `mxfp4`: the checkpoint ships MXFP4 experts; they stay 4-bit where the fused kernel serves and
+    the rank's slice holds whole 32-input scale groups (else they are dequantized at load)."""
 
     def __init__(
-        self, num_experts: int, hidden: int, intermediate: int, limit: float, alpha: float, impl: KernelImpl = "auto"
-    ) -> None:
+        self, num_experts: int, hidden: int, intermediate: int, limit: float, alpha: float,
+        impl: KernelImpl = "auto", mxfp4: bool = False,
+    ) -> None:  # fmt: skip
         super().__init__()
         tp = get_tp_info()
         self.tp_rank = tp.rank
@@ -64,15 +70,22 @@ class SwigluExperts(nn.Module):
         self.inter = intermediate
         self.inter_per_rank = size = divide(intermediate, tp.size, "expert intermediate size")
         self.limit, self.alpha = limit, alpha
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * size, hidden))
         self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * size))
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, size))
         self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden))
-        for param in (self.gate_up_proj, self.gate_up_proj_bias, self.down_proj, self.down_proj_bias):
+        self.impl = select_moe_impl(impl, self.gate_up_proj_bias.device)
+        self.mxfp4 = mxfp4 and self.impl == "triton" and hidden % 32 == 0 and size % 32 == 0
+        if self.mxfp4:
+            self.gate_up_proj_blocks = _bytes(num_experts, 2 * size, hidden // 2)
+            self.gate_up_proj_scales = _bytes(num_experts, 2 * size, hidden // 32, scales=True)
+            self.down_proj_blocks = _bytes(num_experts, hidden, size // 2)
+            self.down_proj_scales = _bytes(num_experts, hidden, size // 32, scales=True)
+        else:
+            self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * size, hidden))
+            self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, size))
+        for param in self.parameters(recurse=False):
             param.weight_loader = self._load  # type: ignore[attr-defined]
         # An MXFP4 pair's first half, until the other arrives: {parameter id: {part: tensor}}.
         self._pending: dict[int, dict[str, torch.Tensor]] = {}
-        self.impl = select_moe_impl(impl, self.gate_up_proj.device)
         self._fn: SwigluMoeFn = swiglu_moe_ref
         if self.impl == "triton":
             # Imported here so the CPU path never imports triton.
@@ -95,12 +108,29 @@ class SwigluExperts(nn.Module):
             self._copy_dense(param, dense)
             return
         assert part is None, part
-        if param is self.gate_up_proj or param is self.down_proj:
+        if self.mxfp4:
+            self._load_mxfp4(param, loaded)
+        elif param is self.gate_up_proj or param is self.down_proj:
             self._copy_dense(param, loaded.transpose(1, 2))  # transformers' [E, in, out]
         elif param is self.gate_up_proj_bias:
             self._copy(param, self._gate_up_rows(loaded, dim=1), "gate_up_proj_bias")
         else:
             self._copy(param, loaded, "down_proj_bias")
+
+    def _load_mxfp4(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        """A checkpoint's blocks [E, out, in / 32, 16] or scales [E, out, in / 32], kept as they are:
+        gate_up's rows de-interleaved and sliced like dense rows, down's inputs sliced by whole groups."""
+        if param is self.gate_up_proj_bias:
+            self._copy(param, self._gate_up_rows(loaded, dim=1), "gate_up_proj_bias")
+        elif param is self.down_proj_bias:
+            self._copy(param, loaded, "down_proj_bias")
+        else:
+            packed = loaded.flatten(-2) if param is self.gate_up_proj_blocks or param is self.down_proj_blocks else loaded
+            if param is self.gate_up_proj_blocks or param is self.gate_up_proj_scales:
+                self._copy(param, self._gate_up_rows(packed, dim=1), "gate_up_proj (MXFP4)")
+            else:  # a rank's inputs: size / 2 bytes, size / 32 scales
+                width = param.shape[2]
+                self._copy(param, packed.narrow(2, self.tp_rank * width, width), "down_proj (MXFP4)")
 
     def _copy_dense(self, param: nn.Parameter, dense: torch.Tensor) -> None:
         """A projection in the [E, out, in] layout (gate_up's rows interleaved gate / up)."""
@@ -126,12 +156,34 @@ class SwigluExperts(nn.Module):
         param.data.copy_(src)
 
     def forward(self, hidden: torch.Tensor, routing: Routing) -> torch.Tensor:
+        return all_reduce(self.partial(hidden, routing))
+
+    def partial(self, hidden: torch.Tensor, routing: Routing) -> torch.Tensor:
+        """This rank's share of the output (what the all-reduce sums)."""
         down_bias = self.down_proj_bias if self.tp_rank == 0 else None
-        out = self._fn(
-            hidden, self.gate_up_proj, self.gate_up_proj_bias, self.down_proj, down_bias,
-            routing.weights, routing.ids, self.limit, self.alpha,
+        if self.mxfp4:
+            from minisgl.kernels.swiglu_moe import Mxfp4Weights
+
+            w13: object = Mxfp4Weights(self.gate_up_proj_blocks, self.gate_up_proj_scales)
+            w2: object = Mxfp4Weights(self.down_proj_blocks, self.down_proj_scales)
+        else:
+            w13, w2 = self.gate_up_proj, self.down_proj
+        return self._fn(
+            hidden, w13, self.gate_up_proj_bias, w2, down_bias, routing.weights, routing.ids, self.limit, self.alpha,
         )  # fmt: skip
-        return all_reduce(out)
+
+
+def _bytes(*shape: int, scales: bool = False) -> nn.Parameter:
+    """A uint8 parameter for MXFP4 codes or scales. Dummy weights (benchmarks) fill it with random
+    codes, or scales of 2^-8 .. 2^-6, which give values of bf16 weights' usual size."""
+    param = nn.Parameter(torch.empty(*shape, dtype=torch.uint8), requires_grad=False)
+
+    def dummy_init(tensor: torch.Tensor, generator: torch.Generator) -> None:
+        low, high = (119, 122) if scales else (0, 256)
+        tensor.copy_(torch.randint(low, high, tensor.shape, generator=generator, device=tensor.device))
+
+    param.dummy_init = dummy_init  # type: ignore[attr-defined]
+    return param
 
 
 class GptOssMoeBlock(nn.Module):
@@ -139,11 +191,11 @@ class GptOssMoeBlock(nn.Module):
 
     def __init__(
         self, num_experts: int, top_k: int, hidden: int, intermediate: int, limit: float, alpha: float,
-        impl: KernelImpl = "auto",
+        impl: KernelImpl = "auto", mxfp4: bool = False,
     ) -> None:  # fmt: skip
         super().__init__()
         self.router = BiasedTopKRouter(num_experts, hidden, top_k)
-        self.experts = SwigluExperts(num_experts, hidden, intermediate, limit, alpha, impl)
+        self.experts = SwigluExperts(num_experts, hidden, intermediate, limit, alpha, impl, mxfp4)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.experts(hidden, self.router(hidden))

@@ -84,6 +84,7 @@ class ModelConfig:
     attn_sinks: bool = False
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.702
+    mxfp4_experts: bool = False  # the checkpoint ships its experts in MXFP4 (quant_method "mxfp4")
 
     @property
     def is_moe(self) -> bool:

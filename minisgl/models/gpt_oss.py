@@ -7,7 +7,8 @@
 - a routed MoE on every layer: top-k of a biased router's logits, softmaxed among themselves,
   experts with biases and the clamped SwiGLU `(up + 1) * gate * sigmoid(1.702 * gate)`
   (layers/moe_swiglu.py). The shipped checkpoints hold the experts in MXFP4 (`*_blocks`,
-  `*_scales`), dequantized at load to the model dtype; transformers' dense layout loads too.
+  `*_scales`): kept 4-bit on CUDA (the fused kernel dequantizes tiles in registers), dequantized
+  at load to the model dtype elsewhere; transformers' dense layout loads too.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class GptOssDecoderLayer(nn.Module):
         assert config.swiglu_limit is not None, "GPT-OSS configs set swiglu_limit (config_families)"
         self.mlp = GptOssMoeBlock(
             config.num_experts, config.num_experts_per_tok, config.hidden_size, config.moe_intermediate_size,
-            config.swiglu_limit, config.swiglu_alpha,
+            config.swiglu_limit, config.swiglu_alpha, mxfp4=config.mxfp4_experts,
         )  # fmt: skip
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -70,19 +71,19 @@ class GptOssDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class GptOssForCausalLM(LlamaForCausalLM):
-    # q/k/v fused; the MXFP4 expert pairs through their parameter's `blocks` / `scales` parts.
-    stacked_params: dict[str, tuple[str, str | int]] = {
-        "q_proj": ("qkv_proj", "q"),
-        "k_proj": ("qkv_proj", "k"),
-        "v_proj": ("qkv_proj", "v"),
-        **MXFP4_STACKED_PARAMS,
-    }
+_QKV: dict[str, tuple[str, str | int]] = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"),
+                                          "v_proj": ("qkv_proj", "v")}  # fmt: skip
 
+
+class GptOssForCausalLM(LlamaForCausalLM):
     def __init__(self, config: ModelConfig) -> None:
         if not config.is_moe or config.swiglu_limit is None:
             raise ValueError("GptOssForCausalLM needs num_local_experts and swiglu_limit in its config")
         super().__init__(config)
+        # q/k/v fused. MXFP4 experts kept 4-bit load under their own names; dequantized ones through
+        # the dense parameter's `blocks` / `scales` parts.
+        resident = any(getattr(m, "mxfp4", False) for m in self.modules() if m is not self)
+        self.stacked_params = dict(_QKV) if resident else {**_QKV, **MXFP4_STACKED_PARAMS}
 
     def make_layer(self, config: ModelConfig, layer_id: int) -> nn.Module:
         return GptOssDecoderLayer(config, layer_id)

@@ -228,4 +228,8 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
                 continue
             # Generated where the parameter lives: an 8B model's weights on a CPU RNG take minutes.
             generator = torch.Generator(device=param.device).manual_seed(seed * 100003 + index)
+            fill = getattr(param, "dummy_init", None)  # quantized storage (GPT-OSS's MXFP4 codes)
+            if fill is not None:
+                fill(param, generator)
+                continue
             param.normal_(0.0, 0.02, generator=generator)

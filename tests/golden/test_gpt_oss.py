@@ -200,9 +200,10 @@ def _random_mxfp4(shape: tuple[int, ...], gen: torch.Generator) -> tuple[torch.T
     return blocks, scales
 
 
-def test_mxfp4_checkpoint_matches_hf(tmp_path: Path) -> None:
-    """The experts shipped as MXFP4 (transformers' layout: blocks [E, out, in / 32, 16]) load into
-    the same model as HF's dense weights holding the dequantized values."""
+def make_mxfp4_gpt_oss(tmp_path: Path) -> torch.nn.Module:
+    """A tiny GPT-OSS checkpoint whose experts are MXFP4 (transformers' layout: blocks
+    [E, out, in / 32, 16], scales [E, out, in / 32]; config `quantization_config` mxfp4), and the
+    HF model holding the dequantized values as its dense weights."""
     from safetensors.torch import load_file, save_file
 
     hf_model = make_tiny_gpt_oss(tmp_path, seed=4, intermediate_size=64)
@@ -222,7 +223,14 @@ def test_mxfp4_checkpoint_matches_hf(tmp_path: Path) -> None:
     config = json.loads((tmp_path / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
     (tmp_path / "config.json").write_text(json.dumps(config))
+    return hf_model
+
+
+def test_mxfp4_checkpoint_matches_hf(tmp_path: Path) -> None:
+    """The MXFP4 experts, dequantized at load (CPU), decode HF's tokens on the dense values."""
+    hf_model = make_mxfp4_gpt_oss(tmp_path)
     llm = LLM(str(tmp_path), device="cpu", dtype="float32", page_size=4, num_pages=128)
+    assert llm.engine.model_config.mxfp4_experts
     prompts = _prompts(5, (20,))
     expected = hf_greedy(hf_model, prompts[0], NEW_TOKENS)
     assert len(set(expected)) > 3, "degenerate reference output"
@@ -240,3 +248,21 @@ def test_tp2_over_gloo_equals_hf(tmp_path: Path) -> None:
     expected = [hf_greedy(hf_model, prompt, 12) for prompt in tp_prompts()]
     for rank, (ids, _params) in sorted(_run_tp(tmp_path, 2).items()):
         assert ids == expected, f"rank {rank} decoded differently from transformers"
+
+
+def test_mxfp4_resident_engine_matches_hf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The experts kept 4-bit, as on CUDA (the fused kernel, here in the interpreter: the layer is
+    told the kernel serves), under the checkpoint's own names: the engine still decodes HF's tokens."""
+    from minisgl.kernels.attention import is_interpreted
+
+    if not torch.cuda.is_available() and not is_interpreted():
+        pytest.skip("triton was imported in compiled mode before the interpreter could be selected")
+    import minisgl.layers.moe_swiglu as moe_swiglu
+
+    monkeypatch.setattr(moe_swiglu, "select_moe_impl", lambda impl, device: "triton")
+    hf_model = make_mxfp4_gpt_oss(tmp_path)
+    llm = LLM(str(tmp_path), device="cpu", dtype="float32", page_size=4, num_pages=128)
+    experts = [m for m in llm.engine.model.modules() if isinstance(m, moe_swiglu.SwigluExperts)]
+    assert experts and all(m.mxfp4 and m.gate_up_proj_blocks.dtype == torch.uint8 for m in experts)
+    prompts = _prompts(5, (20,))
+    assert list(_greedy(llm, prompts)[0].outputs[0].token_ids) == hf_greedy(hf_model, prompts[0], NEW_TOKENS)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from minisgl import LLM, SamplingParams
-from tests.golden.test_gpt_oss import VOCAB, make_tiny_gpt_oss
+from tests.golden.test_gpt_oss import VOCAB, make_mxfp4_gpt_oss, make_tiny_gpt_oss
 from tests.tiny_models import hf_greedy
 
 pytestmark = pytest.mark.gpu
@@ -85,17 +85,33 @@ def test_bf16_top5_at_divergence(tiny: tuple[Path, torch.nn.Module]) -> None:
             break
 
 
+@pytest.mark.parametrize("graph_bs", [16, 0])
+def test_fp32_mxfp4_resident_equals_hf(tmp_path: Path, graph_bs: int) -> None:
+    """An MXFP4 checkpoint on CUDA keeps its experts 4-bit (the fused kernel dequantizes tiles
+    exactly): fp32 greedy still equals HF on the dequantized weights."""
+    hf = make_mxfp4_gpt_oss(tmp_path)
+    llm = LLM(str(tmp_path), device="cuda", dtype="float32", attn="triton", page_size=16, num_pages=256,
+              cuda_graph_max_bs=graph_bs, max_prefill_tokens=64)  # fmt: skip
+    _check_kernels(llm)
+    experts = [m for m in llm.engine.model.modules() if type(m).__name__ == "SwigluExperts"]
+    assert all(m.mxfp4 for m in experts), "MXFP4 experts should stay 4-bit on CUDA"
+    prompts = _prompts()
+    for prompt, got in zip(prompts, _greedy(llm, prompts)):
+        assert got == hf_greedy(hf, prompt, NEW), f"graphs up to {graph_bs}, prompt len {len(prompt)}"
+
+
 @pytest.mark.slow
 def test_gpt_oss_20b_dummy_weights_serve() -> None:
-    """The shipped 20B config (24 layers, 32 experts top-4, 64 q / 8 KV heads, window 128) with
-    dummy weights in bf16: loads (~42 GB), captures decode graphs, decodes past the window, and its
-    logits are finite."""
+    """The shipped 20B config (24 layers, 32 experts top-4, 64 q / 8 KV heads, window 128, MXFP4
+    experts kept 4-bit: ~13 GB) with dummy weights in bf16: loads, captures decode graphs, decodes
+    past the window, and its logits are finite."""
     from tests.engine_helpers import forward_logits
 
     root = Path(__file__).resolve().parents[2]
     llm = LLM(str(root / "configs" / "gpt-oss-20b"), device="cuda", dtype="bfloat16", dummy_weights=True,
               page_size=16, num_pages=512, max_model_len=4096, cuda_graph_max_bs=8)  # fmt: skip
     _check_kernels(llm)
+    assert all(m.mxfp4 for m in llm.engine.model.modules() if type(m).__name__ == "SwigluExperts")
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 200_000) for _ in range(n)] for n in (7, 300)]
     params = SamplingParams(temperature=0, max_tokens=160, ignore_eos=True)

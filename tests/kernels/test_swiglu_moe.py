@@ -17,9 +17,10 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
 from minisgl.distributed import TPInfo, get_tp_info, set_tp_info  # noqa: E402
-from minisgl.kernels.swiglu_moe import _gate_up_clamped_kernel, swiglu_moe  # noqa: E402
+from minisgl.kernels.mxfp4 import dequantize_mxfp4  # noqa: E402
+from minisgl.kernels.swiglu_moe import Mxfp4Weights, _gate_up_clamped_kernel, swiglu_moe  # noqa: E402
 from minisgl.kernels.swiglu_moe_ref import swiglu_moe_ref  # noqa: E402
-from minisgl.layers.moe_swiglu import BiasedTopKRouter, GptOssMoeBlock  # noqa: E402
+from minisgl.layers.moe_swiglu import BiasedTopKRouter, GptOssMoeBlock, SwigluExperts  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -57,6 +58,32 @@ def test_kernel_matches_ref(tokens: int, experts: int, top_k: int, dtype: torch.
     out = swiglu_moe(x, w13, b13, w2, bias, weights, ids, 1.5, 1.702)
     ref = swiglu_moe_ref(x.float(), w13.float(), b13.float(), w2.float(), None if bias is None else bias.float(),
                          weights.float(), ids, 1.5, 1.702)  # fmt: skip
+    atol, rtol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.float().cpu(), ref.cpu(), atol=atol, rtol=rtol)
+
+
+def _mxfp4(experts: int, rows: int, cols: int, seed: int) -> tuple[Mxfp4Weights, torch.Tensor]:
+    """Random codes and scales (values up to ~0.4) as the kernel takes them, and the dense fp32
+    weights [E, rows, cols] they stand for."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks = torch.randint(0, 256, (experts, rows, cols // 32, 16), dtype=torch.uint8, generator=gen)
+    scales = torch.randint(120, 125, (experts, rows, cols // 32), dtype=torch.uint8, generator=gen)
+    dense = dequantize_mxfp4(blocks, scales, torch.float32)
+    return Mxfp4Weights(blocks.flatten(-2).to(DEVICE), scales.to(DEVICE)), dense.to(DEVICE)
+
+
+@pytest.mark.parametrize("tokens,experts,top_k", [(1, 4, 2), (19, 6, 2), (40, 8, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_mxfp4_kernel_matches_ref_on_dequantized(tokens: int, experts: int, top_k: int, dtype: torch.dtype) -> None:
+    """Weights kept as MXFP4 codes and scales, dequantized in the kernel's registers: equal to the
+    reference on the dense weights they stand for (hidden 96 and intermediate 64: several 32-input
+    scale groups, a K tail in the 64-wide K tiles)."""
+    hidden, inter = 96, 64
+    x, _, b13, _, b2, weights, ids = _case(tokens, experts, top_k, hidden, inter, dtype, seed=tokens)
+    w13, w13_dense = _mxfp4(experts, 2 * inter, hidden, seed=1)
+    w2, w2_dense = _mxfp4(experts, hidden, inter, seed=2)
+    out = swiglu_moe(x, w13, b13, w2, b2, weights, ids, 1.5, 1.702)
+    ref = swiglu_moe_ref(x.float(), w13_dense, b13.float(), w2_dense, b2.float(), weights.float(), ids, 1.5, 1.702)
     atol, rtol = TOLERANCE[dtype]
     torch.testing.assert_close(out.float().cpu(), ref.cpu(), atol=atol, rtol=rtol)
 
@@ -127,6 +154,60 @@ def test_tp_slices_sum_to_full(restore_tp: None, tp_size: int) -> None:
             partials.append(experts._fn(x, experts.gate_up_proj, experts.gate_up_proj_bias, experts.down_proj, bias,
                                         *shard.router(x), 1.2, 1.702))  # fmt: skip
     torch.testing.assert_close(torch.stack(partials).sum(0), expected, atol=1e-5, rtol=1e-5)
+
+
+def _mxfp4_checkpoint(experts: int, hidden: int, inter: int) -> dict[str, torch.Tensor]:
+    """Expert tensors as a GPT-OSS checkpoint ships them (transformers' names and layouts)."""
+    gen = torch.Generator().manual_seed(3)
+    ckpt: dict[str, torch.Tensor] = {}
+    for proj, (rows, cols) in {"gate_up_proj": (2 * inter, hidden), "down_proj": (hidden, inter)}.items():
+        ckpt[f"{proj}_blocks"] = torch.randint(0, 256, (experts, rows, cols // 32, 16), dtype=torch.uint8, generator=gen)
+        ckpt[f"{proj}_scales"] = torch.randint(120, 125, (experts, rows, cols // 32), dtype=torch.uint8, generator=gen)
+        ckpt[f"{proj}_bias"] = torch.randn(experts, rows, generator=gen) * 0.3
+    return ckpt
+
+
+def _experts_from(ckpt: dict[str, torch.Tensor], resident: bool) -> SwigluExperts:
+    """The layer loaded as the model loader would: 4-bit under the checkpoint's names, or
+    dequantized through the dense parameters' `blocks` / `scales` parts."""
+    experts = SwigluExperts(4, 64, 64, 1.5, 1.702, impl="triton" if resident else "torch", mxfp4=True)
+    assert experts.mxfp4 == resident
+    for name, tensor in ckpt.items():
+        if not resident and name.endswith(("_blocks", "_scales")):
+            proj, part = name.rsplit("_", 1)
+            param = experts.get_parameter(proj)
+            param.weight_loader(param, tensor, part)  # type: ignore[attr-defined]
+        else:
+            param = experts.get_parameter(name)
+            param.weight_loader(param, tensor)  # type: ignore[attr-defined]
+    return experts
+
+
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_resident_mxfp4_layer_equals_dequantized(restore_tp: None, tp_size: int) -> None:
+    """Experts kept 4-bit (the fused kernel) equal the same checkpoint dequantized at load (the
+    reference), each TP rank on its slice: gate_up rows de-interleaved, down's inputs cut by whole
+    scale groups, rank 0 adding the down bias."""
+    ckpt = _mxfp4_checkpoint(4, 64, 64)
+    x = torch.randn(13, 64)
+    router = BiasedTopKRouter(4, 64, 2)
+    with torch.no_grad():
+        router.weight.normal_(0.0, 1.0)
+        router.bias.normal_(0.0, 1.0)
+        routing = router(x)
+    outs = {}
+    for resident in (True, False):
+        partials = []
+        for rank in range(tp_size):
+            set_tp_info(TPInfo(rank, tp_size))
+            experts = _experts_from(ckpt, resident)
+            if resident:
+                assert experts.gate_up_proj_blocks.shape == (4, 2 * 64 // tp_size, 32)
+                assert experts.down_proj_scales.shape == (4, 64, 2 // tp_size)
+            with torch.no_grad():
+                partials.append(experts.partial(x, routing))
+        outs[resident] = torch.stack(partials).sum(0)
+    torch.testing.assert_close(outs[True], outs[False], atol=1e-5, rtol=1e-5)
 
 
 @needs_cuda
