@@ -87,11 +87,12 @@ class SwigluExperts(nn.Module):
         # An MXFP4 pair's first half, until the other arrives: {parameter id: {part: tensor}}.
         self._pending: dict[int, dict[str, torch.Tensor]] = {}
         self._fn: SwigluMoeFn = swiglu_moe_ref
+        self._packed: Callable[[torch.Tensor, torch.Tensor], object] | None = None  # MXFP4 weights' type
         if self.impl == "triton":
             # Imported here so the CPU path never imports triton.
-            from minisgl.kernels.swiglu_moe import swiglu_moe
+            from minisgl.kernels.swiglu_moe import Mxfp4Weights, swiglu_moe
 
-            self._fn = swiglu_moe
+            self._fn, self._packed = swiglu_moe, Mxfp4Weights
 
     @torch.no_grad()
     def _load(self, param: nn.Parameter, loaded: torch.Tensor, part: str | int | None = None) -> None:
@@ -162,10 +163,9 @@ class SwigluExperts(nn.Module):
         """This rank's share of the output (what the all-reduce sums)."""
         down_bias = self.down_proj_bias if self.tp_rank == 0 else None
         if self.mxfp4:
-            from minisgl.kernels.swiglu_moe import Mxfp4Weights
-
-            w13: object = Mxfp4Weights(self.gate_up_proj_blocks, self.gate_up_proj_scales)
-            w2: object = Mxfp4Weights(self.down_proj_blocks, self.down_proj_scales)
+            assert self._packed is not None
+            w13: object = self._packed(self.gate_up_proj_blocks, self.gate_up_proj_scales)
+            w2: object = self._packed(self.down_proj_blocks, self.down_proj_scales)
         else:
             w13, w2 = self.gate_up_proj, self.down_proj
         return self._fn(

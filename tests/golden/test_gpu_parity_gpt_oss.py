@@ -103,7 +103,7 @@ def test_fp32_mxfp4_resident_equals_hf(tmp_path: Path, graph_bs: int) -> None:
 @pytest.mark.slow
 def test_gpt_oss_20b_dummy_weights_serve() -> None:
     """The shipped 20B config (24 layers, 32 experts top-4, 64 q / 8 KV heads, window 128, MXFP4
-    experts kept 4-bit: ~13 GB) with dummy weights in bf16: loads, captures decode graphs, decodes
+    experts kept 4-bit: ~14 GB) with dummy weights in bf16: loads, captures decode graphs, decodes
     past the window, and its logits are finite."""
     from tests.engine_helpers import forward_logits
 
