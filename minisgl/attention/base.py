@@ -30,7 +30,7 @@ class AttnLayerSpec:
 
     sliding_window: int | None = None
     logit_cap: float | None = None
-    sinks: torch.Tensor | None = field(default=None, compare=False)
+    sinks: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     def _variant(self) -> tuple[int | None, float | None, bool]:
         return self.sliding_window, self.logit_cap, self.sinks is not None
