@@ -30,7 +30,7 @@ class AttnLayerSpec:
 
     sliding_window: int | None = None
     logit_cap: float | None = None
-    sinks: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    sinks: torch.Tensor | None = field(default=None, compare=False)
 
     def _variant(self) -> tuple[int | None, float | None, bool]:
         return self.sliding_window, self.logit_cap, self.sinks is not None
@@ -40,6 +40,10 @@ class AttnLayerSpec:
 
     def __hash__(self) -> int:
         return hash(self._variant())
+
+    def __repr__(self) -> str:
+        sinks = None if self.sinks is None else f"[{self.sinks.numel()} heads]"
+        return f"AttnLayerSpec(sliding_window={self.sliding_window}, logit_cap={self.logit_cap}, sinks={sinks})"
 
     def __post_init__(self) -> None:
         assert self.sliding_window is None or self.sliding_window > 0, self.sliding_window
