@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -22,18 +22,37 @@ class KVStore(NamedTuple):
 class AttnLayerSpec:
     """How one layer attends beyond plain causal softmax: a sliding window (each query sees the
     last `sliding_window` positions, itself included, as Hugging Face masks it) and a tanh
-    soft-cap on the scores (`cap * tanh(scores / cap)` before softmax, Gemma 2)."""
+    soft-cap on the scores (`cap * tanh(scores / cap)` before softmax, Gemma 2), and learned
+    attention sinks (GPT-OSS): one logit per q head [Hq] that joins each query's softmax
+    denominator and contributes no value. `sinks` is the model's parameter itself (read at every
+    forward, so it holds the loaded weights). Specs compare and hash by the kernel variant they
+    need (the window, the cap, whether there are sinks), not by the sinks' values."""
 
     sliding_window: int | None = None
     logit_cap: float | None = None
+    sinks: torch.Tensor | None = field(default=None, compare=False)
+
+    def _variant(self) -> tuple[int | None, float | None, bool]:
+        return self.sliding_window, self.logit_cap, self.sinks is not None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AttnLayerSpec) and self._variant() == other._variant()
+
+    def __hash__(self) -> int:
+        return hash(self._variant())
+
+    def __repr__(self) -> str:
+        sinks = None if self.sinks is None else f"[{self.sinks.numel()} heads]"
+        return f"AttnLayerSpec(sliding_window={self.sliding_window}, logit_cap={self.logit_cap}, sinks={sinks})"
 
     def __post_init__(self) -> None:
         assert self.sliding_window is None or self.sliding_window > 0, self.sliding_window
         assert self.logit_cap is None or self.logit_cap > 0, self.logit_cap
+        assert self.sinks is None or self.sinks.dim() == 1, "sinks: one logit per q head"
 
     @property
     def is_plain(self) -> bool:
-        return self.sliding_window is None and self.logit_cap is None
+        return self.sliding_window is None and self.logit_cap is None and self.sinks is None
 
 
 class BaseAttnBackend(ABC):
@@ -64,8 +83,8 @@ class BaseAttnBackend(ABC):
         that cannot run a non-plain spec refuses it here, at engine start."""
         if not spec.is_plain:
             raise ValueError(
-                f"the {type(self).__name__} attention backend does not implement sliding-window or "
-                f"soft-capped attention ({spec}); run this model with --attn torch"
+                f"the {type(self).__name__} attention backend does not implement sliding-window, "
+                f"soft-capped or sink attention ({spec}); run this model with --attn torch"
             )
 
     def warmup(self, token_table: torch.Tensor, row: int) -> None:

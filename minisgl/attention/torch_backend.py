@@ -9,7 +9,9 @@ one launch beats 32.
 Per layer (`configure_layer`), a sliding window gathers only the keys some query of the step can
 still see (the last `window` positions before it, itself included) and masks the rest; a logit
 soft-cap (Gemma 2) runs the scores through `cap * tanh(s / cap)` before softmax, which SDPA cannot
-do, so those layers take an explicit matmul-softmax-matmul in Hugging Face's order of operations.
+do, so those layers take an explicit matmul-softmax-matmul in Hugging Face's order of operations;
+so do layers with attention sinks (GPT-OSS: a learned logit per head joins the softmax's
+denominator, a column with no value).
 Pages that slid out of a window stay in the pool (the prefix cache may share them, and global
 layers of the same model read them).
 """
@@ -78,18 +80,28 @@ def plan_requests(batch: ForwardBatch, window: int | None) -> list[RequestPlan]:
     return plans
 
 
-def capped_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool, scale: float, cap: float
-) -> torch.Tensor:
+def explicit_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool, scale: float,
+    cap: float | None, sinks: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     """softmax(cap * tanh(q k^T * scale / cap) + mask) v over the last two dims (Gemma 2's eager
-    attention, step for step; softmax in fp32)."""
+    attention, step for step; softmax in fp32). `sinks` (broadcastable to the scores with a last
+    dim of 1: one logit per head) joins the softmax as an extra column that is then dropped
+    (GPT-OSS's eager attention)."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / cap) * cap
+    if cap is not None:
+        scores = torch.tanh(scores / cap) * cap
     if causal:
         mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    else:
+        sink = sinks.to(scores.dtype).expand(*scores.shape[:-1], 1)
+        combined = torch.cat([scores, sink], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = torch.softmax(combined, dim=-1, dtype=torch.float32)[..., :-1].to(q.dtype)
     return torch.matmul(probs, v)
 
 
@@ -160,14 +172,16 @@ class TorchAttnBackend(BaseAttnBackend):
             plans = meta.plans.get(window)
             if plans is None:
                 plans = meta.plans[window] = plan_requests(batch, window)
-            out = self._extend(q, k_cache, v_cache, plans, spec.logit_cap, scale)
+            out = self._extend(q, k_cache, v_cache, plans, spec, scale)
         return out if v_scale == 1.0 else out * v_scale
 
     def _extend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plans: list[RequestPlan],
-        cap: float | None, scale: float,
+        spec: AttnLayerSpec, scale: float,
     ) -> torch.Tensor:  # fmt: skip
         out = torch.empty_like(q)
+        cap, sinks = spec.logit_cap, spec.sinks
+        explicit = cap is not None or sinks is not None
         for start, ext_len, slots, mask, causal in plans:
             ki = k_cache.index_select(0, slots).to(q.dtype).transpose(0, 1)  # [Hkv, S, D]
             vi = v_cache.index_select(0, slots).to(q.dtype).transpose(0, 1)
@@ -176,22 +190,24 @@ class TorchAttnBackend(BaseAttnBackend):
                 # 4-D inputs: CPU SDPA takes its flash path (3-D ones fall back to the slower
                 # math path, ~2.4x the time for one query in bf16).
                 qi = q[start].view(1, self.num_kv_heads, self.group, self.head_dim)
-                if cap is None:
+                if not explicit:
                     oi = F.scaled_dot_product_attention(qi, ki[None], vi[None], scale=scale)
                 else:
-                    oi = capped_attention(qi, ki[None], vi[None], None, False, scale, cap)
+                    grouped = None if sinks is None else sinks.view(1, self.num_kv_heads, self.group, 1)
+                    oi = explicit_attention(qi, ki[None], vi[None], None, False, scale, cap, grouped)
                 out[start] = oi.reshape(self.num_heads, self.head_dim)
                 continue
             qi = q[start : start + ext_len].transpose(0, 1)  # [Hq, ext, D]
             if self.group > 1:
                 ki = ki.repeat_interleave(self.group, dim=0)
                 vi = vi.repeat_interleave(self.group, dim=0)
-            if cap is None:
+            if not explicit:
                 oi = F.scaled_dot_product_attention(
                     qi[None], ki[None], vi[None], attn_mask=mask, is_causal=causal, scale=scale
                 )[0]
             else:
-                oi = capped_attention(qi, ki, vi, mask, causal, scale, cap)
+                per_head = None if sinks is None else sinks.view(self.num_heads, 1, 1)
+                oi = explicit_attention(qi, ki, vi, mask, causal, scale, cap, per_head)
             out[start : start + ext_len] = oi.transpose(0, 1)
         return out
 
@@ -218,8 +234,11 @@ class TorchAttnBackend(BaseAttnBackend):
                 meta.window_masks[window] = mask
         # Group query heads by their KV head: [B, Hkv, G, D] against [B, Hkv, L, D].
         qg = q.view(bsz, self.num_kv_heads, self.group, self.head_dim)
-        if spec.logit_cap is not None:
-            out = capped_attention(qg, k.transpose(1, 2), v.transpose(1, 2), mask, False, scale, spec.logit_cap)
+        if spec.logit_cap is not None or spec.sinks is not None:
+            sinks = None if spec.sinks is None else spec.sinks.view(1, self.num_kv_heads, self.group, 1)
+            out = explicit_attention(
+                qg, k.transpose(1, 2), v.transpose(1, 2), mask, False, scale, spec.logit_cap, sinks
+            )
         else:
             out = F.scaled_dot_product_attention(
                 qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale

@@ -8,7 +8,7 @@ would spend a 64-row tile, and a KV read per q head instead of per KV head, on e
 
 Each layer's `AttnLayerSpec` (`configure_layer`) picks its kernels' variant: a sliding window
 (keys that slid out are masked, and blocks wholly before the window are never read) and a logit
-soft-cap. A model whose every layer is windowed sizes eager decode splits by the window, not the
+soft-cap, and attention sinks (GPT-OSS; the tensor travels in the spec). A model whose every layer is windowed sizes eager decode splits by the window, not the
 sequence. Pages that slid out of a window stay in the pool, as with the torch backend.
 """
 
@@ -171,13 +171,13 @@ class TritonAttnBackend(BaseAttnBackend):
         meta = batch.attn_meta
         spec = self.specs.get(layer_id, _PLAIN)
         # Each layer's variant: its window and soft-cap, and a float8 pool's scales (1.0 otherwise).
-        window, softcap = spec.sliding_window, spec.logit_cap
+        window, softcap, sinks = spec.sliding_window, spec.logit_cap, spec.sinks
         scales = {"k_scale": self.pool.k_scale[layer_id], "v_scale": self.pool.v_scale[layer_id]}
         if isinstance(meta, TritonDecodeMeta):
             return decode_attention(
                 q, k_cache, v_cache, batch.token_table, meta.rows, meta.seq_lens, self.sm_scale,
                 mid_o=meta.mid_o, mid_lse=meta.mid_lse, order=meta.order, **meta.launch._asdict(),
-                window=window, softcap=softcap, **scales,
+                window=window, softcap=softcap, sinks=sinks, **scales,
             )  # fmt: skip
         assert isinstance(meta, TritonExtendMeta), "prepare() did not run for this batch"
         split = meta.split
@@ -185,20 +185,20 @@ class TritonAttnBackend(BaseAttnBackend):
             return extend_attention(
                 q, k_cache, v_cache, batch.token_table, batch.rows, batch.seq_lens, batch.extend_lens,
                 batch.extend_starts, self.sm_scale, max_extend_len=meta.max_extend_len,
-                max_seq_len=meta.max_seq_len, window=window, softcap=softcap, **scales,
+                max_seq_len=meta.max_seq_len, window=window, softcap=softcap, sinks=sinks, **scales,
             )  # fmt: skip
         out = torch.empty_like(q)
         # The extend kernel writes only its requests' rows of `out`; the decode rows go in after.
         extend_attention(
             q, k_cache, v_cache, batch.token_table, split.rows, split.seq_lens, split.extend_lens,
             split.extend_starts, self.sm_scale, max_extend_len=meta.max_extend_len,
-            max_seq_len=meta.max_seq_len, out=out, window=window, softcap=softcap, **scales,
+            max_seq_len=meta.max_seq_len, out=out, window=window, softcap=softcap, sinks=sinks, **scales,
         )  # fmt: skip
         d = split.decode
         decoded = decode_attention(
             q.index_select(0, split.token_idx), k_cache, v_cache, batch.token_table, d.rows, d.seq_lens,
             self.sm_scale, mid_o=d.mid_o, mid_lse=d.mid_lse, order=d.order, **d.launch._asdict(),
-            window=window, softcap=softcap, **scales,
+            window=window, softcap=softcap, sinks=sinks, **scales,
         )  # fmt: skip
         return out.index_copy_(0, split.token_idx, decoded)
 
@@ -206,7 +206,7 @@ class TritonAttnBackend(BaseAttnBackend):
         """Compile the decode kernels for every split count eager decode can pick (a power of two up
         to MAX_DECODE_SPLITS, a compile-time constant), and the extend kernel's launches for short
         and long sequences: one request of one token at `row`, once per kind of layer the model
-        has (plain, windowed, soft-capped: each its own kernel variant)."""
+        has (plain, windowed, soft-capped, with sinks: each its own kernel variant)."""
         q = torch.zeros(1, self.num_heads, self.head_dim, dtype=self.pool.compute_dtype, device=self.device)
         rows = torch.full((1,), row, dtype=torch.int64, device=self.device)
         seq_lens = torch.ones(1, dtype=torch.int32, device=self.device)
@@ -214,18 +214,18 @@ class TritonAttnBackend(BaseAttnBackend):
         starts = torch.zeros(1, dtype=torch.int32, device=self.device)
         # Each distinct spec once (a window's value can pick another specialization too).
         for spec in {self.specs.get(i, _PLAIN) for i in range(len(self.pool.k))}:
-            window, softcap = spec.sliding_window, spec.logit_cap
+            window, softcap, sinks = spec.sliding_window, spec.logit_cap, spec.sinks
             splits = 1
             while splits <= MAX_DECODE_SPLITS:
                 decode_attention(
                     q, self.pool.k[0], self.pool.v[0], token_table, rows, seq_lens, self.sm_scale,
-                    num_splits=splits, order=order, window=window, softcap=softcap,
+                    num_splits=splits, order=order, window=window, softcap=softcap, sinks=sinks,
                 )  # fmt: skip
                 splits *= 2
             for max_seq_len in (1, None):
                 extend_attention(
                     q, self.pool.k[0], self.pool.v[0], token_table, rows, seq_lens, seq_lens, starts, self.sm_scale,
-                    max_extend_len=1, max_seq_len=max_seq_len, window=window, softcap=softcap,
+                    max_extend_len=1, max_seq_len=max_seq_len, window=window, softcap=softcap, sinks=sinks,
                 )  # fmt: skip
 
     # --- CUDA graphs (decode only) ---

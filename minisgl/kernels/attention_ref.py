@@ -3,7 +3,8 @@
 Loops over requests on the host (it reads lengths with `.tolist()`), gathers each request's K/V
 through the token table and runs softmax in fp32. Clear rather than fast. `window` (a query at
 position p sees keys in (p - window, p]) and `softcap` (`cap * tanh(scores / cap)`) are the
-kernels' sliding-window and soft-cap variants; None: off.
+kernels' sliding-window and soft-cap variants; None: off. `sinks` [Hq] (attention sinks: a
+logit per q head in the softmax denominator, with no value) likewise.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def _attend(
     sm_scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [E, Hq, D] at positions prefix_len + i; k, v [S, Hq, D]; causal. Returns fp32 [E, Hq, D]."""
     scores = torch.einsum("ehd,shd->hes", q.float(), k) * sm_scale
@@ -41,7 +43,11 @@ def _attend(
     if window is not None:
         hidden |= kv_pos[None, :] <= q_pos[:, None] - window
     scores = scores.masked_fill(hidden, float("-inf"))
-    return torch.einsum("hes,shd->ehd", torch.softmax(scores, dim=-1), v)
+    if sinks is None:
+        return torch.einsum("hes,shd->ehd", torch.softmax(scores, dim=-1), v)
+    sink = sinks.float().view(-1, 1, 1).expand(-1, scores.shape[1], 1)
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    return torch.einsum("hes,shd->ehd", probs, v)
 
 
 def extend_attention_ref(
@@ -57,6 +63,7 @@ def extend_attention_ref(
     *,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T, Hq, D]: request i's new tokens sit at extend_starts[i] and see positions <= their own."""
     out = torch.zeros_like(q)
@@ -68,7 +75,7 @@ def extend_attention_ref(
             continue
         k, v = _gather_kv(k_cache, v_cache, token_table, row, seq_len, num_heads)
         q_req = q[start : start + extend_len]
-        attended = _attend(q_req, k, v, seq_len - extend_len, sm_scale, window, softcap)
+        attended = _attend(q_req, k, v, seq_len - extend_len, sm_scale, window, softcap, sinks)
         out[start : start + extend_len] = attended.to(q.dtype)
     return out
 
@@ -84,6 +91,7 @@ def decode_attention_ref(
     *,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D]: one token per request, at position seq_len - 1, seeing the whole sequence
     (or its last `window` positions).
@@ -95,5 +103,5 @@ def decode_attention_ref(
         if seq_len == 0:
             continue
         k, v = _gather_kv(k_cache, v_cache, token_table, row, seq_len, num_heads)
-        out[i : i + 1] = _attend(q[i : i + 1], k, v, seq_len - 1, sm_scale, window, softcap).to(q.dtype)
+        out[i : i + 1] = _attend(q[i : i + 1], k, v, seq_len - 1, sm_scale, window, softcap, sinks).to(q.dtype)
     return out

@@ -28,6 +28,7 @@ SUPPORTED_ARCHITECTURES = (
     "GraniteForCausalLM",
     "Olmo2ForCausalLM",
     *DEEPSEEK_ARCHITECTURES,
+    "GptOssForCausalLM",
 )
 # A base model's checkpoint (`Qwen3Model`: the decoder without its LM head, as embedding models
 # such as Qwen3-Embedding are saved) runs on its causal LM's blocks, with no LM head.
@@ -36,6 +37,7 @@ HEADLESS_ARCHITECTURES = {arch.removesuffix("ForCausalLM") + "Model": arch
 # Families whose `sliding_window` applies unless `use_sliding_window` says otherwise.
 _WINDOWED_BY_DEFAULT = (
     "MistralForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+    "GptOssForCausalLM",
 )  # fmt: skip
 
 
@@ -87,6 +89,12 @@ class ModelConfig:
     # DeepSeek-V2/V3's latent attention and expert gating; then `num_kv_heads` is 1 and `head_dim`
     # the latent cache's per-token width (kv_lora_rank + qk_rope_head_dim), `attn_scale` MLA's.
     deepseek: DeepseekConfig | None = None
+    # GPT-OSS: learned per-head attention sinks, and its experts' clamped SwiGLU
+    # ((up + 1) * gate * sigmoid(alpha * gate), gate clamped above and up both sides at the limit).
+    attn_sinks: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
+    mxfp4_experts: bool = False  # the checkpoint ships its experts in MXFP4 (quant_method "mxfp4")
 
     @property
     def is_moe(self) -> bool:

@@ -59,10 +59,36 @@ def family_config(arch: str, cfg: dict[str, Any]) -> dict[str, Any]:
         # transformers: the window applies from layer `max_window_layers` on
         first = int(cfg.get("max_window_layers", 0) or 0)
         cfg = {**cfg, "layer_types": [SLIDING if i >= first else FULL for i in range(int(cfg["num_hidden_layers"]))]}
+    elif arch == "GptOssForCausalLM":
+        cfg = _gpt_oss_config(cfg)
     elif arch == "Gemma2ForCausalLM":
         cfg = {**_GEMMA2_DEFAULTS, **{k: v for k, v in cfg.items() if v is not None or k.endswith("softcapping")}}
         if not cfg.get("layer_types"):
             cfg["layer_types"] = [SLIDING if (i + 1) % 2 else FULL for i in range(int(cfg["num_hidden_layers"]))]
+    return cfg
+
+
+# transformers' GptOssConfig defaults (YaRN x32 over a 4k pretraining context, base 150000).
+_GPT_OSS_ROPE: dict[str, Any] = {
+    "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+    "original_max_position_embeddings": 4096,
+}  # fmt: skip
+
+
+def _gpt_oss_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """GPT-OSS: every layer is sparse, its experts `intermediate_size` wide; sliding and full
+    layers alternate (sliding first) unless `layer_types` says otherwise."""
+    cfg = {"sliding_window": 128, "num_local_experts": 128, "num_experts_per_tok": 4, **cfg}
+    cfg["moe_intermediate_size"] = cfg.get("intermediate_size", 2880)
+    cfg["num_experts_per_tok"] = cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 4
+    cfg["norm_topk_prob"] = True  # softmax over the top-k logits
+    if not cfg.get("layer_types"):
+        cfg["layer_types"] = [SLIDING if (i + 1) % 2 else FULL for i in range(int(cfg["num_hidden_layers"]))]
+    if cfg.get("rope_scaling") is None and cfg.get("rope_parameters") is None:
+        cfg["rope_parameters"] = dict(_GPT_OSS_ROPE)
+    params = cfg.get("rope_parameters")
+    if not cfg.get("rope_theta") and not (isinstance(params, dict) and params.get("rope_theta")):
+        cfg["rope_theta"] = 150000.0
     return cfg
 
 
@@ -111,6 +137,12 @@ def parse_rope(arch: str, cfg: dict[str, Any]) -> RopeSettings:
         scaling.pop("partial_rotary_factor", None)
     if scaling is not None and scaling["rope_type"] == "longrope":
         scaling = _longrope(cfg, scaling)
+    if scaling is not None and scaling["rope_type"] == "yarn" and not scaling.get("factor"):
+        # transformers: the served context over the pretraining one
+        original = scaling.get("original_max_position_embeddings")
+        if not original:
+            raise ValueError("yarn rope_scaling needs original_max_position_embeddings")
+        scaling["factor"] = int(cfg.get("max_position_embeddings", original)) / int(original)
     return RopeSettings(
         float(theta or 10000.0), scaling, float(local_theta) if local_theta else None, float(partial or 1.0)
     )
@@ -136,6 +168,12 @@ def family_fields(arch: str, cfg: dict[str, Any]) -> dict[str, Any]:
         for key, name in (("attn_logit_softcapping", "attn_logit_softcap"), ("final_logit_softcapping", "final_logit_softcap")):
             if cfg.get(key):
                 fields[name] = float(cfg[key])
+    if arch == "GptOssForCausalLM":
+        fields["attn_sinks"] = True
+        fields["swiglu_limit"] = float(cfg.get("swiglu_limit", 7.0))
+        fields["swiglu_alpha"] = float(cfg.get("swiglu_alpha", 1.702))
+        quant = cfg.get("quantization_config") or {}
+        fields["mxfp4_experts"] = isinstance(quant, dict) and quant.get("quant_method") == "mxfp4"
     if arch == "GraniteForCausalLM":
         fields["attn_scale"] = float(cfg.get("attention_multiplier", 1.0))
         fields["embedding_multiplier"] = float(cfg.get("embedding_multiplier", 1.0))

@@ -103,6 +103,8 @@ def _target(model: nn.Module, name: str) -> tuple[str, str | int | None] | None:
         token = f".{ckpt_part}."
         if token in name:
             return name.replace(token, f".{fused}."), part
+        if name.endswith(token[:-1]):  # a bare parameter's part (GPT-OSS's `experts.down_proj_blocks`)
+            return name[: -len(ckpt_part)] + fused, part
     return name, None
 
 
@@ -226,4 +228,8 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
                 continue
             # Generated where the parameter lives: an 8B model's weights on a CPU RNG take minutes.
             generator = torch.Generator(device=param.device).manual_seed(seed * 100003 + index)
+            fill = getattr(param, "dummy_init", None)  # quantized storage (GPT-OSS's MXFP4 codes)
+            if fill is not None:
+                fill(param, generator)
+                continue
             param.normal_(0.0, 0.02, generator=generator)

@@ -21,6 +21,7 @@ _MODULES = {
     "Olmo2ForCausalLM": "olmo2",
     "DeepseekV2ForCausalLM": "deepseek",
     "DeepseekV3ForCausalLM": "deepseek",
+    "GptOssForCausalLM": "gpt_oss",
 }
 assert set(_MODULES) == set(SUPPORTED_ARCHITECTURES), "every supported architecture needs its module"
 

@@ -1,7 +1,9 @@
 """Triton split-K paged decode attention: one query token per request; each (request, KV
 head) is cut into splits read in parallel (stage 1), merged by their log-sum-exps (stage 2).
 With a sliding window the splits divide only the keys still inside it; a soft-cap bends the
-scores before softmax (both compile-time variants, see `common`)."""
+scores before softmax (both compile-time variants, see `common`). Attention sinks (a logit per
+q head in the softmax denominator) join at the end: in stage 1 when there is one split, else in
+the merge, as one more split with no value."""
 
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ def _decode_split_kernel(
     rows_ptr,
     seq_lens_ptr,
     order_ptr,
+    sinks_ptr,
     qk_scale,
     cap_scale,
     v_scale,
@@ -78,6 +81,7 @@ def _decode_split_kernel(
     HAS_ORDER: tl.constexpr,
     WINDOWED: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Stage 1: partial attention of all q heads of one kv head over one split of the sequence.
@@ -118,6 +122,9 @@ def _decode_split_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    if SINKS and NUM_SPLITS == 1:  # the whole answer here: the sink starts the running max / sum
+        m_i = tl.load(sinks_ptr + heads, mask=h_mask, other=0.0).to(tl.float32) * 1.4426950408889634
+        l_i += 1.0
     k_head_ptr = k_ptr + kv_head.to(tl.int64) * stride_kh
     v_head_ptr = v_ptr + kv_head.to(tl.int64) * stride_vh
     table_row_ptr = table_ptr + row * stride_table
@@ -146,6 +153,7 @@ def _decode_reduce_kernel(
     mid_o_ptr,
     mid_lse_ptr,
     o_ptr,
+    sinks_ptr,
     stride_mob,
     stride_moh,
     stride_mos,
@@ -157,6 +165,7 @@ def _decode_reduce_kernel(
     SPLITS_POW2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    SINKS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Stage 2: merge the splits of one (request, q head) by their log-sum-exp weights."""
@@ -170,12 +179,18 @@ def _decode_reduce_kernel(
     d_mask = offs_d < HEAD_DIM
     lse = tl.load(mid_lse_ptr + req * stride_mlb + head * stride_mlh + offs_s, mask=s_mask, other=float("-inf"))
     lse_max = tl.max(lse, 0)
-    # seq_len 0 (a padded graph entry) empties every split: output 0 rather than NaN.
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    weights = tl.exp2(lse - lse_max)
+    if SINKS:  # the sink: one more split, of log-sum-exp sinks[head] (base 2) and no value
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+        lse_max = tl.maximum(lse_max, sink)
+        weights = tl.exp2(lse - lse_max)
+        total = tl.sum(weights, 0) + tl.exp2(sink - lse_max)
+    else:
+        # seq_len 0 (a padded graph entry) empties every split: output 0 rather than NaN.
+        lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+        weights = tl.exp2(lse - lse_max)
+        total = tl.sum(weights, 0)
     mo_ptrs = mid_o_ptr + req * stride_mob + head * stride_moh + offs_s[:, None] * stride_mos + offs_d[None, :]
     parts = tl.load(mo_ptrs, mask=s_mask[:, None] & d_mask[None, :], other=0.0)
-    total = tl.sum(weights, 0)
     out = tl.sum(weights[:, None] * parts, 0) / tl.where(total == 0.0, 1.0, total)
     tl.store(o_ptr + req * stride_ob + head * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_mask)
 
@@ -237,11 +252,13 @@ def decode_attention(
     num_stages: int | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
     """One query token per request, q [B, Hq, D], attending to all `seq_lens[b]` cached positions
-    (with `window`, only the last `window` of them; `softcap`: `cap * tanh(s / cap)` scores).
+    (with `window`, only the last `window` of them; `softcap`: `cap * tanh(s / cap)` scores;
+    `sinks` [Hq]: a logit per q head in the softmax denominator).
 
     `num_splits` is a launch constant (no data-dependent grid, so CUDA graphs can capture it).
     `mid_o`/`mid_lse` may be larger than needed (static graph buffers): only [:B, :, :num_splits]
@@ -252,6 +269,7 @@ def decode_attention(
     num_heads, num_kv_heads, head_dim = _check_layout(q, k_cache, v_cache)
     assert 1 <= num_splits
     assert window is None or window > 0, window
+    assert sinks is None or sinks.shape == (num_heads,), "sinks: one logit per q head"
     if out is None:
         out = torch.empty_like(q)
     batch_size = q.shape[0]
@@ -267,7 +285,7 @@ def decode_attention(
     assert order is None or order.shape[0] >= batch_size
     _decode_split_kernel[(num_kv_heads, batch_size, num_splits)](
         q, k_cache, v_cache, mid_o, mid_lse, out,
-        token_table, rows, seq_lens, order if order is not None else rows,
+        token_table, rows, seq_lens, order if order is not None else rows, sinks if sinks is not None else q,
         *_score_scales(sm_scale * k_scale, softcap), v_scale, window or 0,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
@@ -282,6 +300,7 @@ def decode_attention(
         HAS_ORDER=order is not None,
         WINDOWED=window is not None,
         SOFTCAP=softcap is not None,
+        SINKS=sinks is not None,
         # H200 sweep of uniform lengths: 2 warps best or tied from batch 1 to 256 (4 warps up to 10%
         # slower at D 64, 8 warps up to 60% slower); wider heads get 4 to keep tiles in registers.
         num_warps=num_warps or (2 if head_dim <= 128 else 4),
@@ -294,13 +313,14 @@ def decode_attention(
     if num_splits == 1:
         return out
     _decode_reduce_kernel[(batch_size, num_heads)](
-        mid_o, mid_lse, out,
+        mid_o, mid_lse, out, sinks if sinks is not None else q,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
         NUM_SPLITS=num_splits,
         SPLITS_POW2=triton.next_power_of_2(num_splits),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
+        SINKS=sinks is not None,
         num_warps=4 if head_dim >= 128 else 2,
         **pdl_args(q.device),
     )  # fmt: skip

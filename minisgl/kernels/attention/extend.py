@@ -1,5 +1,6 @@
 """Triton paged attention of new tokens (prefill, chunked prefill) over a cached prefix: the
-causal extend kernel and its launch, with an optional sliding window and logit soft-cap."""
+causal extend kernel and its launch, with an optional sliding window, logit soft-cap and
+attention sinks."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def _extend_kernel(
     seq_lens_ptr,
     extend_lens_ptr,
     extend_starts_ptr,
+    sinks_ptr,
     qk_scale,
     cap_scale,
     v_scale,
@@ -55,6 +57,7 @@ def _extend_kernel(
     PACK: tl.constexpr,
     WINDOWED: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Without PACK a program is (request, q head, block of BLOCK_M queries). With PACK it is
@@ -63,7 +66,10 @@ def _extend_kernel(
     tile loaded serves all the heads that share it.
 
     WINDOWED: query at position p sees keys in (p - window, p]; key blocks before the block's
-    first query's window are not visited at all."""
+    first query's window are not visited at all.
+
+    SINKS: each q head's learned logit `sinks[head]` joins the softmax denominator (GPT-OSS): the
+    running max starts at it and the running sum at its exp2(0) = 1, so it never adds a value."""
     if PDL:
         gdc_wait()  # the previous kernel's writes are visible from here on (kernels/pdl.py)
     req = tl.program_id(0)
@@ -101,6 +107,9 @@ def _extend_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if SINKS:  # in base 2, as the scores
+        m_i = tl.load(sinks_ptr + heads).to(tl.float32) * 1.4426950408889634
+        l_i += 1.0
     k_head_ptr = k_ptr + kv_head.to(tl.int64) * stride_kh
     v_head_ptr = v_ptr + kv_head.to(tl.int64) * stride_vh
     table_row_ptr = table_ptr + row * stride_table
@@ -198,6 +207,7 @@ def extend_attention(
     max_seq_len: int | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
@@ -209,9 +219,11 @@ def extend_attention(
     launch (sweeps). `max_seq_len` (host-side: the longest prefix + extend) picks the launch.
     `window` (a sliding window: each query sees its last `window` positions, itself included) and
     `softcap` (`cap * tanh(scores / cap)` before softmax) select the kernel variant; None: off.
+    `sinks` [Hq]: a logit per q head in every softmax's denominator (attention sinks).
     """
     num_heads, num_kv_heads, head_dim = _check_layout(q, k_cache, v_cache)
     assert window is None or window > 0, window
+    assert sinks is None or sinks.shape == (num_heads,), "sinks: one logit per q head"
     if out is None:
         out = torch.empty_like(q)
     batch_size = rows.shape[0]
@@ -230,7 +242,7 @@ def extend_attention(
         grid = (batch_size, num_heads, triton.cdiv(max_extend_len, block_m))
     _extend_kernel[grid](
         q, k_cache, v_cache, out,
-        token_table, rows, seq_lens, extend_lens, extend_starts,
+        token_table, rows, seq_lens, extend_lens, extend_starts, sinks if sinks is not None else q,
         *_score_scales(sm_scale * k_scale, softcap), v_scale, window or 0,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), token_table.stride(0),
@@ -244,6 +256,7 @@ def extend_attention(
         PACK=pack,
         WINDOWED=window is not None,
         SOFTCAP=softcap is not None,
+        SINKS=sinks is not None,
         num_warps=num_warps or config.num_warps,
         num_stages=num_stages or config.num_stages,
         **pdl_args(q.device),
