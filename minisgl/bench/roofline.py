@@ -21,6 +21,7 @@ import time
 from typing import Any, NamedTuple
 
 import torch
+from torch import nn
 
 from minisgl.bench.workload import add_workload_args, make_workload
 from minisgl.models.config import ModelConfig
@@ -63,23 +64,30 @@ class WeightBytes(NamedTuple):
         return self.dense + self.per_expert * touched
 
 
-def weight_bytes(config: ModelConfig, dtype_bytes: int) -> WeightBytes:
+def weight_bytes(config: ModelConfig, dtype_bytes: int, model: nn.Module | None = None) -> WeightBytes:
     """Parameter bytes of a decode step: every weight once, except an untied input embedding (only
     the batch's rows are gathered; a tied one is read whole as the LM head), and the experts of a
-    MoE layer (parameters stacked [num_experts, ...]) counted per routed expert."""
+    MoE layer (parameters stacked [num_experts, ...]) counted per routed expert.
+
+    Without `model`, the config's model is built on the meta device and every parameter counted at
+    `dtype_bytes`; with a loaded model, each parameter at its own storage size (GPT-OSS's MXFP4
+    experts held 4-bit on a GPU: their uint8 codes and scales)."""
     from minisgl.models.registry import build_model
 
-    with torch.device("meta"):
-        model = build_model(config)
+    stored = model is not None
+    if model is None:
+        with torch.device("meta"):
+            model = build_model(config)
     experts = getattr(config, "num_experts", 0) or 0
     dense = per_expert = 0
     for name, param in model.named_parameters():  # a tied weight is listed once
         if "embed_tokens" in name and not config.tie_word_embeddings:
             continue
+        size = param.element_size() if stored else dtype_bytes
         if experts and ".experts." in name and param.shape[0] == experts:
-            per_expert += param[0].numel() * dtype_bytes
+            per_expert += param[0].numel() * size
         else:
-            dense += param.numel() * dtype_bytes
+            dense += param.numel() * size
     return WeightBytes(dense, per_expert, experts, getattr(config, "num_experts_per_tok", 0) or 0)
 
 
@@ -113,10 +121,10 @@ def _dtype_bytes(args: argparse.Namespace) -> tuple[int, int]:
 
 
 def floor(args: argparse.Namespace, bandwidth: float, measured_tok_s: float | None = None,
-          dtype_bytes: tuple[int, int] | None = None) -> dict[str, Any]:  # fmt: skip
+          dtype_bytes: tuple[int, int] | None = None, model: nn.Module | None = None) -> dict[str, Any]:  # fmt: skip
     """The floor of the workload `args` describe; `dtype_bytes` (weight, KV bytes per value: what
-    an engine actually runs) overrides the flags' reading. Weights are counted at the compute
-    dtype."""
+    an engine actually runs) overrides the flags' reading, and a loaded `model` has its weights
+    counted as stored (see `weight_bytes`)."""
     config = ModelConfig.from_dir(args.model)
     w_bytes, kv_dtype_bytes = dtype_bytes or _dtype_bytes(args)
     prompts, outputs = make_workload(args)
@@ -129,13 +137,13 @@ def floor(args: argparse.Namespace, bandwidth: float, measured_tok_s: float | No
     # more than t output tokens.
     steps = max(outputs, default=1) - 1
     batches = [sum(1 for n in outputs if n > t) for t in range(1, steps + 1)]
-    wb = weight_bytes(config, w_bytes)
+    wb = weight_bytes(config, w_bytes, model)
     weights = sum(wb.per_step(b) for b in batches)
     seconds = (kv + weights) / bandwidth
     tokens = sum(outputs)
     record = {
         "model": args.model, "output_tokens": tokens, "decode_steps": steps, "kv_bytes": kv,
-        "weight_bytes_per_step": weight_bytes_per_step(config, w_bytes), "weight_bytes": round(weights),
+        "weight_bytes_per_step": wb.dense + wb.per_expert * wb.num_experts, "weight_bytes": round(weights),
         "bandwidth_tb_s": round(bandwidth / 1e12, 3), "floor_s": round(seconds, 3),
         "floor_tok_s": round(tokens / seconds, 1),
     }  # fmt: skip

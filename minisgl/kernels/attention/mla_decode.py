@@ -169,13 +169,14 @@ def mla_decode(
     if num_splits == 1:
         return out
     _decode_reduce_kernel[(batch_size, num_heads)](
-        mid_o, mid_lse, out,
+        mid_o, mid_lse, out, out,  # no sinks (the pointer is never read)
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
         NUM_SPLITS=num_splits,
         SPLITS_POW2=triton.next_power_of_2(num_splits),
         HEAD_DIM=kv_lora_rank,
         BLOCK_D=block_l,
+        SINKS=False,
         num_warps=4,
         **pdl_args(q.device),
     )  # fmt: skip
