@@ -211,6 +211,10 @@ class Req:
     arrival: int = 0  # admission order, used to pick the victim when retracting
     num_pending: int = 0  # output tokens (or an embedding) computed on the device, not yet known on the host
     pooling: PoolingParams | None = None  # an embedding request (its output: one vector, no tokens)
+    # A LongRoPE prompt past the model's original context: every position rotates with the long
+    # factors, so its KV is shared with no other request (never matched in, nor inserted into,
+    # the prefix cache).
+    long_rope: bool = False
 
     @property
     def prompt_len(self) -> int:

@@ -94,6 +94,15 @@ class ModelConfig:
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
 
+    @property
+    def long_rope_from(self) -> int | None:
+        """LongRoPE's original context: a prompt longer than it rotates every position with the
+        long factors (`layers.rotary.long_rope_rows`); None for every other rope."""
+        scaling = self.rope_scaling
+        if scaling is None or scaling.get("rope_type") != "longrope":
+            return None
+        return int(scaling["original_max_position_embeddings"])
+
     def layer_window(self, layer_id: int) -> int | None:
         """The sliding window of layer `layer_id`, or None for a global layer."""
         if self.sliding_window is None:

@@ -28,6 +28,9 @@ class ModelFacts(Protocol):
     @property
     def vocab_size(self) -> int: ...
 
+    @property
+    def long_rope_from(self) -> int | None: ...  # LongRoPE's original context (`Req.long_rope`)
+
 
 class EngineLimits(Protocol):
     @property

@@ -106,8 +106,8 @@ class PageManager:
         """Hand the request's whole computed pages to the prefix cache (keeping them locked)."""
         ps = self.page_size
         full = req.cached_len // ps
-        if full <= req.shared_pages:
-            return
+        if full <= req.shared_pages or req.long_rope:
+            return  # nothing new; or KV no other request may read (`Req.long_rope`)
         res = self.cache.insert(req.all_ids[: full * ps], req.pages[:full])
         if not res.pages:
             return  # the cache keeps nothing (naive)
@@ -128,7 +128,7 @@ class PageManager:
         """Return everything a resident request holds: pages to the cache or pool, its row."""
         ps = self.page_size
         full = req.cached_len // ps
-        if full > req.shared_pages:
+        if full > req.shared_pages and not req.long_rope:
             res = self.cache.insert(req.all_ids[: full * ps], req.pages[:full])
             self.allocator.free(res.pages_to_free)
             owned_from = max(len(res.pages), req.shared_pages)

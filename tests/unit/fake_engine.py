@@ -114,6 +114,7 @@ class FakeLaunched:
 class FakeModelConfig:
     eos_ids: tuple[int, ...]
     vocab_size: int
+    long_rope_from: int | None = None
 
 
 @dataclass(frozen=True)
