@@ -141,3 +141,20 @@ def test_prefix_cache_keeps_the_factor_sets_apart(phi3):
         (out,) = _greedy(llm, [prompt])
         assert _cached(out) == 0, f"len {len(prompt)}: KV of a long prompt must not be shared"
         assert _ids(out) == hf_greedy(model, prompt, NEW_TOKENS), f"len {len(prompt)}"
+
+
+def test_triton_backend_matches_hf(phi3, tmp_path):
+    """The same with the Triton attention backend (the Triton interpreter on CPU)."""
+    import importlib.util
+
+    from minisgl.kernels.attention import is_interpreted
+
+    assert importlib.util.find_spec("triton") is not None
+    if not torch.cuda.is_available() and not is_interpreted():
+        pytest.skip("triton was imported in compiled mode before the interpreter could be selected")
+    model, _ = phi3
+    model.save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), device="cpu", attn="triton", page_size=4, num_pages=256, max_prefill_tokens=8)
+    prompts = _prompts(5, (6, 16, 30))
+    for prompt, out in zip(prompts, _greedy(llm, prompts, 16)):
+        assert _ids(out) == hf_greedy(model, prompt, 16), f"prompt len {len(prompt)}"
