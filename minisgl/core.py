@@ -215,6 +215,9 @@ class Req:
     # factors, so its KV is shared with no other request (never matched in, nor inserted into,
     # the prefix cache).
     long_rope: bool = False
+    # Pages before this index that are not cache-owned went back to the pool: behind every
+    # layer's sliding window (`PageManager.slide`); their ids in `pages` are stale.
+    slid_pages: int = 0
 
     @property
     def prompt_len(self) -> int:

@@ -31,6 +31,9 @@ class ModelFacts(Protocol):
     @property
     def long_rope_from(self) -> int | None: ...  # LongRoPE's original context (`Req.long_rope`)
 
+    @property
+    def kv_window(self) -> int | None: ...  # the window of every layer; None: some layer is global
+
 
 class EngineLimits(Protocol):
     @property

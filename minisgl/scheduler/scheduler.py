@@ -58,6 +58,7 @@ class Scheduler:
         self.vocab_size = engine.model_config.vocab_size
         self.eos_ids = frozenset(engine.model_config.eos_ids)
         self.long_rope_from = engine.model_config.long_rope_from
+        self.kv_window = engine.model_config.kv_window
         self.pooler = engine.pooler  # None: the engine generates text; else it serves embeddings only
         self.max_running = min(config.max_running_requests, engine.config.max_running_requests)
         self.pages = PageManager(engine.pool.num_pages, self.page_size, config.cache, self.max_running)
@@ -244,7 +245,10 @@ class Scheduler:
         sampling request holds a placeholder output token until `_complete`; an embedding request
         whose prompt is computed waits (pending, planned no more) for its vector there."""
         prefilled = [req for req in plan.reqs if req.extend_len > 1]
+        window = self.kv_window
         for req in plan.reqs:
+            if window is not None:  # KV behind the window of this step's first query: read by no step from here
+                self.pages.slide(req, window)
             req.cached_len += req.extend_len
             req.extend_len = 0
         for req in pooled:
