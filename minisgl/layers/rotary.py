@@ -57,8 +57,10 @@ def _angles(rotary_dim: int, max_positions: int, base: float, scaling: dict[str,
     assert scaling is not None
     original = int(scaling["original_max_position_embeddings"])
     factor = float(scaling["factor"])
-    attn_factor = scaling.get("attention_factor")
-    if attn_factor is None:
+    given = scaling.get("attention_factor")
+    if given is not None:
+        attn_factor = float(given)
+    else:
         attn_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
     shape = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
     inv_freqs = []
@@ -70,7 +72,7 @@ def _angles(rotary_dim: int, max_positions: int, base: float, scaling: dict[str,
     short, long = (torch.outer(positions, inv_freq) for inv_freq in inv_freqs)
     per_position = torch.where((positions < original).unsqueeze(1), short, long)
     long_head = torch.outer(positions[: min(original, max_positions)], inv_freqs[1])
-    return torch.cat([per_position, long_head]), float(attn_factor)
+    return torch.cat([per_position, long_head]), attn_factor
 
 
 def long_rope_rows(positions: list[int], long_spans: list[tuple[int, int]], max_positions: int, original: int) -> list[int]:
