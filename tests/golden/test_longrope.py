@@ -22,14 +22,18 @@ ORIGINAL = 16
 NEW_TOKENS = 24
 
 
-def _make_phi3(path: Any) -> torch.nn.Module:
+def _make_phi3(path: Any, partial_rotary: float = 0.5) -> torch.nn.Module:
+    """Head dim 16: partial rotary 0.5 (Phi-4-mini-like, the plain-torch rotary) or 1.0
+    (Phi-3-mini-128k-like, the rotary kernels)."""
     import transformers as tf
 
-    rope = {"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6], "long_factor": [3.0, 5.0, 9.0, 17.0]}
+    pairs = int(16 * partial_rotary) // 2
+    rope = {"rope_type": "longrope", "short_factor": [1.0 + 0.15 * i for i in range(pairs)],
+            "long_factor": [3.0 + 2.5 * i * i for i in range(pairs)]}  # fmt: skip
     config = tf.Phi3Config(
         vocab_size=512, hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2,
         num_hidden_layers=2, max_position_embeddings=256, original_max_position_embeddings=ORIGINAL,
-        partial_rotary_factor=0.5, rope_scaling=rope, sliding_window=None, initializer_range=0.15,
+        partial_rotary_factor=partial_rotary, rope_scaling=rope, sliding_window=None, initializer_range=0.15,
         rms_norm_eps=1e-6, pad_token_id=0, bos_token_id=1, eos_token_id=2,
     )  # fmt: skip
     torch.manual_seed(0)
@@ -158,3 +162,29 @@ def test_triton_backend_matches_hf(phi3, tmp_path):
     prompts = _prompts(5, (6, 16, 30))
     for prompt, out in zip(prompts, _greedy(llm, prompts, 16)):
         assert _ids(out) == hf_greedy(model, prompt, 16), f"prompt len {len(prompt)}"
+
+
+def test_full_rotary_matches_hf(tmp_path):
+    """Every head dim rotating (Phi-3-mini-128k's layout): the rotary kernels' path, not the
+    partial-rotary reference."""
+    model = _make_phi3(tmp_path, partial_rotary=1.0)
+    llm = LLM(str(tmp_path), device="cpu", page_size=4, num_pages=256, max_prefill_tokens=8)
+    assert llm.engine.model_config.rotary_dim == llm.engine.model_config.head_dim
+    prompts = _prompts(6, (7, 30))
+    for prompt, out in zip(prompts, _greedy(llm, prompts, 16)):
+        assert _ids(out) == hf_greedy(model, prompt, 16), f"prompt len {len(prompt)}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("partial_rotary", [0.5, 1.0])
+@pytest.mark.parametrize("graph_bs", [8, 0])
+def test_gpu_triton_matches_hf(tmp_path, partial_rotary, graph_bs):
+    """On the GPU: the Triton backend and rotary kernels (full rotary), with and without CUDA
+    graphs, fp32, prompts within, at and past the original length, decodes crossing it."""
+    model = _make_phi3(tmp_path, partial_rotary)
+    llm = LLM(str(tmp_path), device="cuda", dtype="float32", attn="triton", page_size=16, num_pages=256,
+              cuda_graph_max_bs=graph_bs, max_prefill_tokens=8)  # fmt: skip
+    prompts = _prompts(8, (5, 16, 17, 40))
+    for prompt, out in zip(prompts, _greedy(llm, prompts)):
+        assert _ids(out) == hf_greedy(model, prompt, NEW_TOKENS), f"prompt len {len(prompt)}"
