@@ -213,6 +213,13 @@ class Req:
     pooling: PoolingParams | None = None  # an embedding request (its output: one vector, no tokens)
     # The LoRA adapter's uid (lora/manager.py; None: the base model), also its prefix-cache namespace.
     lora_id: int | None = None
+    # A LongRoPE prompt past the model's original context: every position rotates with the long
+    # factors, so its KV is shared with no other request (never matched in, nor inserted into,
+    # the prefix cache).
+    long_rope: bool = False
+    # Pages before this index that are not cache-owned went back to the pool: behind every
+    # layer's sliding window (`PageManager.slide`); their ids in `pages` are stale.
+    slid_pages: int = 0
 
     @property
     def prompt_len(self) -> int:

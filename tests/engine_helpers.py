@@ -25,8 +25,9 @@ def forward_logits(
     ps = engine.pool.page_size
     prefix_lens = prefix_lens or [0] * len(prompts)
     reqs, page = [], first_page
+    original = engine.model_config.long_rope_from  # as the scheduler marks a LongRoPE prompt past it
     for row, ids in enumerate(prompts):
-        req = Req(row, list(ids), SamplingParams(temperature=0))
+        req = Req(row, list(ids), SamplingParams(temperature=0), long_rope=original is not None and len(ids) > original)
         req.row = row
         n_pages = -(-len(ids) // ps)
         req.pages = list(range(page, page + n_pages))

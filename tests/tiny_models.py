@@ -93,9 +93,8 @@ def _family_config(tf, arch: str, common: dict) -> tuple:  # type: ignore[no-unt
         return config, tf.Gemma3ForConditionalGeneration
     if arch == "phi3":
         # Partial rotary (8 of 16 dims) and LongRoPE. The parity prompts stay within
-        # original_max_position_embeddings: past it transformers recomputes the whole cache with
-        # the long factors, which a paged cache does not (layers/rotary.py); the long factors'
-        # table is checked against transformers' in test_families_config.py.
+        # original_max_position_embeddings; prompts and decodes past it are
+        # tests/golden/test_longrope.py's.
         rope = {"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6], "long_factor": [2.0, 3.0, 5.0, 8.0]}
         config = tf.Phi3Config(num_hidden_layers=2, partial_rotary_factor=0.5, original_max_position_embeddings=128,
                                rope_scaling=rope, sliding_window=WINDOW + 8, pad_token_id=0, bos_token_id=1,

@@ -27,7 +27,7 @@ class ForwardBatch:
 
     phase: Phase  # "decode" iff every request extends by exactly one token
     input_ids: torch.Tensor  # [T] int64
-    positions: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, the rotary table rows: positions (LongRoPE: `layers.rotary.long_rope_rows`)
     out_loc: torch.Tensor  # [T] int64, the KV slot written for each new token
     rows: torch.Tensor  # [B] int64, token-table row of each request
     seq_lens: torch.Tensor  # [B] int32, KV length after this step (prefix + new)

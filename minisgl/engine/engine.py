@@ -30,6 +30,7 @@ from minisgl.utils.transfer import StagingRing, upload, upload_many
 from minisgl.kvcache.latent_pool import LatentPool
 from minisgl.kvcache.pool import KV_CACHE_DTYPES, KVPool
 from minisgl.layers.attention import AttentionLayer
+from minisgl.layers.rotary import long_rope_rows
 from minisgl.models.config import ModelConfig
 from minisgl.models.pooling import resolve_task
 from minisgl.platform import init_platform
@@ -300,6 +301,11 @@ class Engine:
             seq_lens, ext_lens, starts, out_loc_list + plan.table_slots,
         ], int32_tail=4)  # fmt: skip
         pos_t = table_pos[: len(positions)]
+        original = self.model_config.long_rope_from
+        if original is not None and any(req.long_rope for req in plan.reqs):  # rotary rows, not positions
+            spans = [(s, s + n) for req, s, n in zip(plan.reqs, starts, ext_lens) if req.long_rope]
+            rope_rows = long_rope_rows(positions, spans, self.model_config.context_len, original)
+            pos_t = upload(rope_rows, torch.int64, self.device)
         if dst:
             # Tokens sampled by the step still in flight: read them on the device.
             assert prev is not None

@@ -41,14 +41,17 @@ def _inv_freq(head_dim: int, base: float, scaling: dict[str, Any] | None) -> tup
 
 
 def _angles(rotary_dim: int, max_positions: int, base: float, scaling: dict[str, Any] | None) -> tuple[torch.Tensor, float]:
-    """The rotation angles [max_positions, rotary_dim / 2] (fp32) and the cos/sin factor.
+    """The rotation angles (fp32) and the cos/sin factor: [max_positions, rotary_dim / 2], one
+    row per position; LongRoPE adds `original` rows after those (`long_rope_rows`).
 
-    LongRoPE (Phi-3): positions below `original_max_position_embeddings` use the short factors,
-    later ones the long factors; Hugging Face switches on the whole sequence's length instead,
-    which is the same thing for a prompt within the original length (decode past it turns long
-    at the same position) and differs only for prompts longer than it, where transformers rotates
-    every position, cached ones included, with the long factors: a per-position table keeps the
-    KV cache (and prefix sharing) valid."""
+    LongRoPE (Phi-3): Hugging Face picks the factor set from the forward's length (the largest
+    position + 1): a sequence within `original_max_position_embeddings` rotates with the short
+    factors, a longer one with the long factors at every position. With a KV cache that makes a
+    decode step's choice per position (short below the original length, long from there, the
+    cached keys kept as they were): rows [0, max_positions) hold that per-position table. A
+    prompt longer than the original length rotates all its positions with the long factors, the
+    ones below the original length included: rows max_positions + p, p < original, hold those
+    (positions from `original` on read the shared long rows)."""
     positions = torch.arange(max_positions, dtype=torch.int64).float()
     kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
     if kind != "longrope":
@@ -57,18 +60,35 @@ def _angles(rotary_dim: int, max_positions: int, base: float, scaling: dict[str,
     assert scaling is not None
     original = int(scaling["original_max_position_embeddings"])
     factor = float(scaling["factor"])
-    attn_factor = scaling.get("attention_factor")
-    if attn_factor is None:
+    given = scaling.get("attention_factor")
+    if given is not None:
+        attn_factor = float(given)
+    else:
         attn_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
     shape = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
-    tables = []
+    inv_freqs = []
     for key in ("short_factor", "long_factor"):
         ext = torch.tensor(scaling[key], dtype=torch.float32)
         if ext.numel() != rotary_dim // 2:
             raise ValueError(f"longrope {key} has {ext.numel()} entries, rotary dim {rotary_dim} needs {rotary_dim // 2}")
-        tables.append(torch.outer(positions, 1.0 / (ext * base**shape)))
-    short, long = tables
-    return torch.where((positions < original).unsqueeze(1), short, long), float(attn_factor)
+        inv_freqs.append(1.0 / (ext * base**shape))
+    short, long = (torch.outer(positions, inv_freq) for inv_freq in inv_freqs)
+    per_position = torch.where((positions < original).unsqueeze(1), short, long)
+    long_head = torch.outer(positions[: min(original, max_positions)], inv_freqs[1])
+    return torch.cat([per_position, long_head]), attn_factor
+
+
+def long_rope_rows(positions: list[int], long_spans: list[tuple[int, int]], max_positions: int, original: int) -> list[int]:
+    """The cos/sin table rows of a batch's `positions` (`_angles`' LongRoPE layout): tokens
+    [start, end) of each of `long_spans` belong to a request whose prompt is longer than
+    `original`, which rotates every position with the long factors (its positions below
+    `original` read rows max_positions + p); every other token reads its own position's row."""
+    rows = list(positions)
+    for start, end in long_spans:
+        for i in range(start, end):
+            if rows[i] < original:
+                rows[i] += max_positions
+    return rows
 
 
 class RotaryEmbedding(nn.Module):

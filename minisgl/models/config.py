@@ -112,6 +112,24 @@ class ModelConfig:
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
 
+    @property
+    def kv_window(self) -> int | None:
+        """The window every layer attends within (Mistral v0.1, Phi-3-mini-4k), or None where a
+        layer is global: a request's KV behind it is never read again (`PageManager.slide`)."""
+        windows = [self.layer_window(i) for i in range(self.num_layers)]
+        if not windows or any(window is None for window in windows):
+            return None
+        return max(window for window in windows if window is not None)
+
+    @property
+    def long_rope_from(self) -> int | None:
+        """LongRoPE's original context: a prompt longer than it rotates every position with the
+        long factors (`layers.rotary.long_rope_rows`); None for every other rope."""
+        scaling = self.rope_scaling
+        if scaling is None or scaling.get("rope_type") != "longrope":
+            return None
+        return int(scaling["original_max_position_embeddings"])
+
     def layer_window(self, layer_id: int) -> int | None:
         """The sliding window of layer `layer_id`, or None for a global layer."""
         if self.sliding_window is None:

@@ -28,6 +28,12 @@ class ModelFacts(Protocol):
     @property
     def vocab_size(self) -> int: ...
 
+    @property
+    def long_rope_from(self) -> int | None: ...  # LongRoPE's original context (`Req.long_rope`)
+
+    @property
+    def kv_window(self) -> int | None: ...  # the window of every layer; None: some layer is global
+
 
 class EngineLimits(Protocol):
     @property

@@ -112,8 +112,8 @@ class PageManager:
         """Hand the request's whole computed pages to the prefix cache (keeping them locked)."""
         ps = self.page_size
         full = req.cached_len // ps
-        if full <= req.shared_pages:
-            return
+        if full <= req.shared_pages or req.long_rope or req.slid_pages:
+            return  # nothing new; KV no other request may read (`Req.long_rope`); or a prefix with holes
         res = self.cache.insert(req.all_ids[: full * ps], req.pages[:full], namespace_of(req))
         if not res.pages:
             return  # the cache keeps nothing (naive)
@@ -130,16 +130,27 @@ class PageManager:
         req.cache_handle = res.handle
         req.shared_pages = len(res.pages)
 
+    def slide(self, req: Req, window: int) -> None:
+        """Return the request's own pages wholly behind the window of its next position: with a
+        window on every layer no query reads them again. The prefix cache keeps what it owns;
+        the request caches nothing more (its prefix has holes)."""
+        ps = self.page_size
+        first_read = max(req.cached_len - window + 1, 0) // ps
+        start = max(req.shared_pages, req.slid_pages)
+        if first_read > start:
+            self.allocator.free(req.pages[start:first_read])
+            req.slid_pages = first_read
+
     def release(self, req: Req) -> None:
         """Return everything a resident request holds: pages to the cache or pool, its row."""
         ps = self.page_size
         full = req.cached_len // ps
-        if full > req.shared_pages:
+        if full > req.shared_pages and not req.long_rope and not req.slid_pages:
             res = self.cache.insert(req.all_ids[: full * ps], req.pages[:full], namespace_of(req))
             self.allocator.free(res.pages_to_free)
             owned_from = max(len(res.pages), req.shared_pages)
         else:
-            owned_from = req.shared_pages
+            owned_from = max(req.shared_pages, req.slid_pages)
         self.allocator.free(req.pages[owned_from:])
         rows, pos, slots = self._table
         if req.row in rows:  # deferred table entries must not reach the row's next owner
@@ -150,6 +161,7 @@ class PageManager:
         req.cache_handle = None
         req.pages = []
         req.shared_pages = 0
+        req.slid_pages = 0
         assert req.row is not None
         self.free_rows.append(req.row)
         req.row = None

@@ -64,7 +64,7 @@ class PrefillPlanner:
         # 2. Admission. Resident requests with prompt pages still to compute (what an admission
         # may wait for).
         dedupe = self.dedupe
-        prefilling = [r for r in running if r.uncomputed_len > 1] if dedupe and waiting else []
+        prefilling = [r for r in running if r.uncomputed_len > 1 and not r.long_rope] if dedupe and waiting else []
         while budget > 0 and waiting and pages.free_rows:
             req = waiting[0]
             if req.num_pending or not self.admit(req, prefilling):
@@ -77,7 +77,7 @@ class PrefillPlanner:
             req.extend_len = chunk
             budget -= chunk
             chosen.append(req)
-            if dedupe and req.uncomputed_len > 1:
+            if dedupe and req.uncomputed_len > 1 and not req.long_rope:
                 prefilling.append(req)
         return starved
 
@@ -88,8 +88,9 @@ class PrefillPlanner:
         pages = self.pages
         ps = pages.page_size
         ids = req.all_ids
-        if req.sampling.prompt_logprobs is not None:
-            match = pages.no_match()  # every prompt position needs its logits
+        if req.sampling.prompt_logprobs is not None or req.long_rope:
+            # Every prompt position needs its logits; or its KV is rotated unlike the cache's.
+            match = pages.no_match()
         else:
             # At least one token must be computed to produce logits.
             match = pages.match(ids[: req.total_len - 1], namespace_of(req))

@@ -58,6 +58,8 @@ class Scheduler:
         self.context_len = engine.context_len
         self.vocab_size = engine.model_config.vocab_size
         self.eos_ids = frozenset(engine.model_config.eos_ids)
+        self.long_rope_from = engine.model_config.long_rope_from
+        self.kv_window = engine.model_config.kv_window
         self.pooler = engine.pooler  # None: the engine generates text; else it serves embeddings only
         self.max_running = min(config.max_running_requests, engine.config.max_running_requests)
         self.pages = PageManager(engine.pool.num_pages, self.page_size, config.cache, self.max_running)
@@ -129,9 +131,14 @@ class Scheduler:
         self.controls.add(rid, sampling)  # raises for a grammar that does not compile
         lora_id = self.lora.ref(lora) if lora is not None and self.lora is not None else None
         req = Req(rid, list(prompt_ids), sampling, eos_ids=self.eos_ids, max_total_len=self.context_len,
-                  pooling=pooling, lora_id=lora_id)  # fmt: skip
+                  pooling=pooling, lora_id=lora_id, long_rope=self._long_rope(len(prompt_ids)))  # fmt: skip
         self.reqs[rid] = req
         self.planner.add(req)
+
+    def _long_rope(self, tokens: int) -> bool:
+        """Whether a sequence of `tokens` rotates every position with LongRoPE's long factors:
+        past the original context, as Hugging Face's Phi-3 computes it (`Req.long_rope`)."""
+        return self.long_rope_from is not None and tokens > self.long_rope_from
 
     def _check_task(self, pooling: PoolingParams | None) -> None:
         """An embedding request needs an embedding model, a generation request a generative one."""
@@ -225,6 +232,8 @@ class Scheduler:
             self._retract(self.decode.victim())
 
     def _try_plan(self) -> tuple[StepPlan | None, bool]:
+        if self.long_rope_from is not None:
+            self._cross_long_rope()
         # 1. Decodes: one token each; retract the newest requests if their pages run out.
         chosen = self.decode.plan(self.controls.grammars, self._retract)
         # 2. Prefill chunks of resident requests, then 3. admission, within the token budget.
@@ -259,7 +268,10 @@ class Scheduler:
         sampling request holds a placeholder output token until `_complete`; an embedding request
         whose prompt is computed waits (pending, planned no more) for its vector there."""
         prefilled = [req for req in plan.reqs if req.extend_len > 1]
+        window = self.kv_window
         for req in plan.reqs:
+            if window is not None:  # KV behind the window of this step's first query: read by no step from here
+                self.pages.slide(req, window)
             req.cached_len += req.extend_len
             req.extend_len = 0
         for req in pooled:
@@ -343,10 +355,26 @@ class Scheduler:
         """Preempt a resident request: keep its tokens, drop its KV (cached for a cheap resume)."""
         self.num_retractions += 1
         logger.debug("retracting request %s at %d tokens", req.rid, req.total_len)
+        self._requeue(req)
+
+    def _requeue(self, req: Req) -> None:
+        """Drop a resident request's KV (cached, unless `long_rope`) and queue it to compute its
+        tokens again, first in line; recomputed past LongRoPE's original context, they rotate
+        with the long factors. Its adapter's slot is unpinned until it is admitted again."""
         if req.lora_id is not None and self.lora is not None:
             self.lora.release(req.lora_id)
         self.decode.remove(req)
         self.pages.release(req)
         req.cached_len = 0
         req.extend_len = 0
+        req.long_rope = self._long_rope(req.total_len)
         self.planner.requeue(req)
+
+    def _cross_long_rope(self) -> None:
+        """A sequence that grows past LongRoPE's original context is computed again, every
+        position with the long factors, as Hugging Face's Phi-3 does in `generate` (it drops
+        the cache once the input passes `original_max_position_embeddings`): its short-factor
+        KV (positions below that length) goes to the prefix cache for other short prompts."""
+        for req in [r for r in self.decode.running if not r.long_rope and self._long_rope(r.total_len)]:
+            logger.debug("request %s passed the original context: recomputing with long rope", req.rid)
+            self._requeue(req)

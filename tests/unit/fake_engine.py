@@ -114,6 +114,8 @@ class FakeLaunched:
 class FakeModelConfig:
     eos_ids: tuple[int, ...]
     vocab_size: int
+    long_rope_from: int | None = None
+    kv_window: int | None = None  # a window on every layer: positions behind it are not read back
 
 
 @dataclass(frozen=True)
@@ -255,24 +257,34 @@ class FakeEngine:
                 f"rid {req.rid}: cached {req.cached_len} + extend {req.extend_len} > total {req.total_len}"
             )
             assert req.cached_len + req.extend_len <= self.context_len
-            assert len(set(req.pages)) == len(req.pages), f"rid {req.rid}: a page twice in {req.pages}"
+            live = req.pages[: req.shared_pages] + req.pages[max(req.shared_pages, req.slid_pages) :]
+            assert len(set(live)) == len(live), f"rid {req.rid}: a page twice in {req.pages}"
             assert all(0 <= page < self.pool.num_pages for page in req.pages)
+            window = self.model_config.kv_window
+            if req.slid_pages:
+                assert window is not None and req.slid_pages * self.pool.page_size <= req.cached_len - window + 1, (
+                    f"rid {req.rid}: page {req.slid_pages - 1} went back to the pool inside the window"
+                )
         # Only cache-owned (shared) pages may appear in two requests.
         seen: dict[int, int] = {}
         shared = {page for req in plan.reqs for page in req.pages[: req.shared_pages]}
         for req in plan.reqs:
-            for page in req.pages[req.shared_pages :]:
+            for page in req.pages[max(req.shared_pages, req.slid_pages) :]:
                 assert page not in shared, f"rid {req.rid} owns page {page} that is also cache-owned"
                 assert page not in seen, f"page {page} owned by rids {seen[page]} and {req.rid}"
                 seen[page] = req.rid
 
     def _read_back(self, req: Req, end: int, ids: list[int]) -> list[int]:
-        """The tokens the model would attend to: read through the table, checked against the request."""
+        """The tokens the model would attend to: read through the table, checked against the request
+        (with a window on every layer, from the first one the step's first query sees; the fake
+        model still reads the older ones, from the request)."""
         ps = self.pool.page_size
         held = set(req.pages)
         row_table = self._table[req.row]  # type: ignore[index]
-        history: list[int] = []
-        for pos in range(end):
+        window = self.model_config.kv_window
+        first = 0 if window is None else max(req.cached_len - window + 1, 0)
+        history: list[int] = list(ids[:first])
+        for pos in range(first, end):
             slot = row_table.get(pos)
             assert slot is not None, f"rid {req.rid}: no table entry for pos {pos} (row {req.row})"
             assert slot // ps in held, f"rid {req.rid}: pos {pos} reads slot {slot} outside its pages {req.pages}"
@@ -297,9 +309,10 @@ def check_scheduler_state(scheduler: Scheduler) -> None:
         assert not req.finished and scheduler.reqs.get(req.rid) is req
         assert req.extend_len == 0 and req.cache_handle is not None
         assert req.cached_len <= len(req.pages) * scheduler.page_size
-        for page in req.pages:
+        own_from = max(req.shared_pages, req.slid_pages)  # pages between went back to the pool
+        for page in req.pages[: req.shared_pages] + req.pages[own_from:]:
             assert not alloc.is_free(page), f"rid {req.rid} holds free page {page}"
-        for page in req.pages[req.shared_pages :]:
+        for page in req.pages[own_from:]:
             assert page not in owned, f"page {page} owned by rids {owned[page]} and {req.rid}"
             owned[page] = req.rid
     shared = {page for req in scheduler.running for page in req.pages[: req.shared_pages]}
