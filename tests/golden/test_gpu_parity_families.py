@@ -26,8 +26,8 @@ NEW = 48
 
 def _prompts(arch: str) -> list[list[int]]:
     """Prompt lengths 1-130; for Phi-3 those that stay within its original_max_position_embeddings
-    (128) with the decoded tokens: past it transformers re-rotates the whole cache with LongRoPE's
-    long factors, which a paged cache does not (tests/tiny_models.py, layers/rotary.py)."""
+    (128) with the decoded tokens: the recompute past it (layers/rotary.py, as transformers'
+    generate does) has its own tests, tests/golden/test_longrope.py."""
     rng = random.Random(22)
     lengths = (1, 9, 40, 130) if arch != "phi3" else (1, 9, 40, 128 - NEW)
     return [[rng.randrange(3, 500) for _ in range(n)] for n in lengths]
