@@ -33,6 +33,8 @@
 # default-flag runs of bench, main, bench8b and moe run for the base tree and this tree interleaved,
 # AB_ROUNDS times (default 2: base, new, base, new), in this one call, and a last table compares
 # their medians. The base tree gets default flags only (older trees took env switches).
+# BUDGET=S: the whole call's seconds; each later step's limit is cut to what is left, and a step is
+# skipped (said so) once under 20 s are left, so a call never outruns the device lease.
 # DRY_RUN=1 prints the commands instead (no GPU needed). Results land in $OUT (default
 # /tmp/minisgl-out): gpu_tests.log, bench.jsonl, bench.err, profile.txt, peer.jsonl.
 set -uo pipefail
@@ -63,15 +65,23 @@ fi
 run() {
     local limit=$1; shift
     if [ "$DRY" = 1 ]; then echo "+ timeout $limit $*"; return 0; fi
+    limit=$(left "$limit") || { echo "(skipped, BUDGET=$BUDGET s spent: $*)"; return 0; }
     timeout "$limit" "$@"
 }
-
+# left SECONDS: the limit cut to what BUDGET leaves; fails when under 20 s are left
+left() {
+    [ -z "${BUDGET:-}" ] && { echo "$1"; return 0; }
+    local rest=$((BUDGET - SECONDS))
+    [ "$rest" -lt 20 ] && return 1
+    echo $(($1 < rest ? $1 : rest))
+}
 # bench_in TREE NAME SECONDS ARGS...: one `bench offline` run of TREE (this tree or $BASE), its JSON
 # line tagged with NAME in bench.jsonl
 bench_in() {
     local tree=$1 name=$2 limit=$3; shift 3
     echo "== $name: python -m minisgl.bench offline $*${tree:+ (tree $tree)}"
     if [ "$DRY" = 1 ]; then echo "+ (cd ${tree:-.} && timeout $limit python3 -m minisgl.bench offline --quiet $*)"; return 0; fi
+    limit=$(left "$limit") || { echo "(skipped, BUDGET=$BUDGET s spent)"; return 0; }
     (cd "${tree:-.}" && PYTHONPATH="${tree:-$PWD}:/tmp/site" timeout "$limit" python3 -m minisgl.bench offline --quiet "$@") \
         2>/tmp/bench.err | sed "s/^{/{\"run\": \"$name\", /" | tee -a "$OUT/bench.jsonl"
     { echo "== $name"; cat /tmp/bench.err; } >>"$OUT/bench.err"  # at most 8 files come back: one log
@@ -98,7 +108,7 @@ Q06="--model configs/qwen3-0.6b --dummy-weights"
 
 if has check; then
     if [ "$DRY" = 1 ]; then echo "+ pytest -m gpu ${CHECK_ARGS:-tests/kernels tests/golden}"; else
-        timeout "${CHECK_LIMIT:-600}" python3 -m pytest -q -rf --tb=short -m gpu ${CHECK_ARGS:-tests/kernels tests/golden} \
+        timeout "$(left "${CHECK_LIMIT:-600}" || echo 1)" python3 -m pytest -q -rf --tb=short -m gpu ${CHECK_ARGS:-tests/kernels tests/golden} \
             -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
     fi
 fi
