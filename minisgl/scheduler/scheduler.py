@@ -26,7 +26,7 @@ from minisgl.scheduler.decode import DecodeSet
 from minisgl.scheduler.engine_api import LaunchedStepLike, SchedulerEngine
 from minisgl.scheduler.pages import PageManager, slots_of
 from minisgl.scheduler.prefill import PrefillPlanner
-from minisgl.scheduler.speculative import NgramProposer, Proposer, SpeculativeDecoder
+from minisgl.scheduler.speculative import NgramProposer, Proposer, SpecStats, SpeculativeDecoder
 from minisgl.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -171,6 +171,12 @@ class Scheduler:
             running=len(self.decode.running),
             waiting=len(self.planner.waiting),
         )
+
+    def spec_counts(self) -> dict[str, int]:
+        """Speculative decoding's counters since start, as `StatsMsg` names them (zeros when off)."""
+        stats = self.spec.stats if self.spec is not None else SpecStats()
+        return {"spec_verify_steps": stats.verify_steps, "spec_draft_tokens": stats.draft_tokens,
+                "spec_accepted_tokens": stats.accepted_tokens}  # fmt: skip
 
     def flush_cache(self) -> None:
         """Drop every cached prefix (only when idle): the pool returns to full."""
