@@ -186,6 +186,8 @@ class Scheduler:
     def check_idle_invariants(self) -> None:
         assert not self.decode.running
         self.pages.check_idle()
+        if self.spec is not None:
+            self.spec.check_idle()
 
     # ---------------------------------------------------------------- one step
     def step(self) -> list[TokenOut]:

@@ -34,6 +34,10 @@ class Proposer(Protocol):
         """The request left (its proposer state, if any, goes)."""
         ...
 
+    def check_idle(self) -> None:
+        """With no request resident, the proposer holds nothing."""
+        ...
+
 
 def ngram_proposal(ids: list[int], limit: int, max_n: int, min_n: int) -> list[int]:
     """Up to `limit` tokens following the latest earlier occurrence of the last n tokens of
@@ -63,6 +67,9 @@ class NgramProposer:
         return out
 
     def forget(self, req: Req) -> None:
+        pass
+
+    def check_idle(self) -> None:
         pass
 
 
@@ -150,3 +157,6 @@ class SpeculativeDecoder:
 
     def forget(self, req: Req) -> None:
         self.proposer.forget(req)
+
+    def check_idle(self) -> None:
+        self.proposer.check_idle()
