@@ -365,6 +365,8 @@ class Scheduler:
         logger.debug("retracting request %s at %d tokens", req.rid, req.total_len)
         self.decode.remove(req)
         self.pages.release(req)
+        if self.spec is not None:
+            self.spec.forget(req)  # a draft model's KV of it goes too
         req.cached_len = 0
         req.extend_len = 0
         self.planner.requeue(req)
