@@ -222,15 +222,18 @@ class Engine:
             prompt_len = len(req.prompt_ids)
             start = len(input_ids)
             starts.append(start)
-            if drafts and req.rid in drafts:  # speculative decoding: a verify row, sampled at every position
+            if drafts and req.rid in drafts:
+                # Speculative decoding's verify row: one decode entry per position (the same row, each
+                # attending up to its own position), sampled at each; a decode batch stays one.
                 tokens = verify_row(req, drafts[req.rid])
                 ext = len(tokens)
                 input_ids.extend(tokens)
                 positions.extend(range(begin, begin + ext))
                 rows_per_token.extend([row] * ext)
-                rows.append(row)
-                seq_lens.append(begin + ext)
-                ext_lens.append(ext)
+                starts.extend(range(start + 1, start + ext))
+                rows.extend([row] * ext)
+                seq_lens.extend(range(begin + 1, begin + ext + 1))
+                ext_lens.extend([1] * ext)
                 sample_idx.extend(range(start, start + ext))
                 sampled.extend([req] * ext)
                 continue

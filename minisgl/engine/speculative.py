@@ -1,8 +1,11 @@
 """Speculative decoding, the engine's side: a verify row samples the target at each of its positions.
 
 The scheduler (scheduler/speculative.py) hands the proposals in `StepPlan.drafts`; the engine puts
-each speculating request's last token and its proposals in one extend row and samples a token at
-every position with the request's own sampling. Row i of a request stands for its output token
+each speculating request's last token and its proposals in the batch as one decode entry per
+position (the request's row, each entry attending up to its own position: the layers store every
+entry's KV before attending, so the later entries see the earlier ones), and samples a token at
+every position with the request's own sampling. A batch of decodes and verify rows is then still a
+decode batch, which the CUDA graphs (captured per entry count) replay. Row i of a request stands for its output token
 `output_len + i`: that is the step its seeded noise and its min_tokens ban are keyed by, so a
 seeded request draws the noise it would draw decoding one token at a time.
 """
