@@ -17,6 +17,7 @@ not a prefill, so nothing is inserted at launch).
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -110,7 +111,7 @@ class SpeculativeDecoder:
         self.proposer = proposer
         self.stats = SpecStats()
 
-    def propose(self, decodes: list[Req], grammars: dict[int, object]) -> dict[int, list[int]]:
+    def propose(self, decodes: list[Req], grammars: Container[int]) -> dict[int, list[int]]:
         """Proposals of this step's decoding requests (each with pages for its verify row)."""
         wanted: list[tuple[Req, int]] = []
         for req in decodes:
