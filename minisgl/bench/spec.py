@@ -1,7 +1,10 @@
 """Speculative decoding: single-stream decode speed with and without it, on a workload whose answers
 copy from the prompt (bench/spec_workload.py), greedy, one request at a time. Prints one JSON line
 per run (`speculative: false`, then the flags' algorithm) and a summary line: speed-up, whether the
-texts are identical, acceptance rate and mean accepted length.
+texts are identical, acceptance rate and mean accepted length. On CPU with the embedded model's
+GGUF weights, K = 3 pays best: a verify step's 4 rows fit one register tile of the quantized GEMV
+(kernels/cpu_quant.py), 5 rows take two: `python -m minisgl.bench spec --device cpu
+--speculative-algorithm ngram --num-speculative-tokens 3 --max-tokens 128`.
 
 `--verify-cost`: instead, the time of one bs=1 step that verifies K proposed tokens (K + 1 query
 rows; every step proposes K tokens, whatever the model) against one plain decode step, e.g. on the
