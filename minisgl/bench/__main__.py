@@ -1,4 +1,4 @@
-"""`python -m minisgl.bench {offline,serve,stress,profile,table,dequant-gguf} ...`"""
+"""`python -m minisgl.bench {offline,serve,stress,profile,spec,table,dequant-gguf} ...`"""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ COMMANDS = {
     "serve": "minisgl.bench.serve",  # a serving benchmark against a running server
     "stress": "minisgl.bench.stress",  # hostile and concurrent load against a server
     "profile": "minisgl.bench.profile",  # where the offline workload's time goes
+    "spec": "minisgl.bench.spec",  # speculative decoding: single-stream speed-up, verify-step cost
     "table": "minisgl.bench.table",  # markdown table of `serve --json` results
     "dequant-gguf": "minisgl.bench.dequant_gguf",  # an all-F32 GGUF for the llama.cpp peer
 }

@@ -24,6 +24,7 @@ from minisgl.engine.resolve import resolve
 from minisgl.engine.grammar import GrammarState, bitmask_width
 from minisgl.engine.penalties import PenaltyTracker
 from minisgl.engine.pooling import PooledRows
+from minisgl.engine.speculative import row_steps, verify_row
 from minisgl.engine.sampler import LogitsControls, Sampler, SamplingBatch, token_logprobs
 from minisgl.engine.step import ForwardOut, LaunchedStep, PromptChunk, StepPlan, chunked_logprobs, host_copy
 from minisgl.utils.transfer import StagingRing, upload, upload_many
@@ -236,13 +237,18 @@ class Engine:
         input_ids: list[int] = []
         positions: list[int] = []
         rows_per_token: list[int] = []
-        rows, seq_lens, ext_lens, starts, sample_idx = [], [], [], [], []
+        rows: list[int] = []
+        seq_lens: list[int] = []
+        ext_lens: list[int] = []
+        starts: list[int] = []
+        sample_idx: list[int] = []
         sampled: list[Req] = []
         pool_idx: list[int] = []
         pooled: list[Req] = []
         prompt_chunks: list[PromptChunk] = []
         prompt_idx: list[int] = []
         prompt_targets: list[int] = []
+        drafts = plan.drafts
         for req in plan.reqs:  # hot loop: plain list and field access only
             row, begin, ext = req.row, req.cached_len, req.extend_len
             assert row is not None and ext > 0
@@ -250,6 +256,21 @@ class Engine:
             prompt_len = len(req.prompt_ids)
             start = len(input_ids)
             starts.append(start)
+            if drafts and req.rid in drafts:
+                # Speculative decoding's verify row: one decode entry per position (the same row, each
+                # attending up to its own position), sampled at each; a decode batch stays one.
+                tokens = verify_row(req, drafts[req.rid])
+                ext = len(tokens)
+                input_ids.extend(tokens)
+                positions.extend(range(begin, begin + ext))
+                rows_per_token.extend([row] * ext)
+                starts.extend(range(start + 1, start + ext))
+                rows.extend([row] * ext)
+                seq_lens.extend(range(begin + 1, begin + ext + 1))
+                ext_lens.extend([1] * ext)
+                sample_idx.extend(range(start, start + ext))
+                sampled.extend([req] * ext)
+                continue
             if ext == 1:
                 input_ids.append(req.output_ids[begin - prompt_len] if begin >= prompt_len else req.prompt_ids[begin])
                 positions.append(begin)
@@ -365,7 +386,7 @@ class Engine:
             return LaunchedStep([], empty, empty.cpu(), self._record(pooled) if pooled else None, pooled=pooled)
         logits = logits[:num_sampled]
         params = [req.sampling for req in sampled]
-        output_lens = [req.output_len for req in sampled]
+        output_lens = row_steps(sampled) if plan.drafts else [req.output_len for req in sampled]
         sampling = SamplingBatch.build(params, output_lens, logits.shape[-1], self.device)
         if plan.controls:
             sampling.controls = self._controls(sampled, params, output_lens, plan.grammars)

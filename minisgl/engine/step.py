@@ -40,6 +40,9 @@ class StepPlan:
     released_rids: list[int] = field(default_factory=list)
     # False when no request uses a logit control or logprobs: the engine skips looking for them.
     controls: bool = True
+    # Speculative decoding: per rid of a decoding request, the tokens proposed after its last one.
+    # Its row computes that token and them (`out_loc` has a slot for each) and samples at every one.
+    drafts: dict[int, list[int]] = field(default_factory=dict)
 
 
 class PromptChunk(NamedTuple):

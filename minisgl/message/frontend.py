@@ -105,6 +105,10 @@ class StatsMsg(SchedulerStats):
     cached_tokens: int = 0
     requests: int = 0
     aborted: int = 0
+    # Speculative decoding (zero when off): verify rows, tokens proposed in them, proposals accepted.
+    spec_verify_steps: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 @wire(tag=66)

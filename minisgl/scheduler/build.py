@@ -13,6 +13,7 @@ from minisgl.scheduler.config import SchedulerConfig
 if TYPE_CHECKING:
     from minisgl.engine.engine import Engine
     from minisgl.scheduler.scheduler import Scheduler
+    from minisgl.scheduler.speculative_draft import DraftProposer
 
 
 def build_scheduler(engine_config: EngineConfig, sched_config: SchedulerConfig) -> tuple[Engine, Scheduler]:
@@ -21,7 +22,25 @@ def build_scheduler(engine_config: EngineConfig, sched_config: SchedulerConfig) 
     from minisgl.scheduler.scheduler import Scheduler
 
     engine = Engine(replace(engine_config, max_running_requests=sched_config.max_running_requests))
-    return engine, Scheduler(engine, sched_config)
+    proposer = None
+    if sched_config.speculative_algorithm == "draft":
+        proposer = _draft_proposer(engine, sched_config)
+    return engine, Scheduler(engine, sched_config, proposer)
+
+
+def _draft_proposer(target: Engine, sched_config: SchedulerConfig) -> DraftProposer:
+    """Speculative decoding's draft model: a second engine like the target's (device, dtype, page
+    size, rows) with as many KV pages (its own pool), proposing greedily."""
+    from minisgl.engine.engine import Engine
+    from minisgl.scheduler.speculative_draft import DraftProposer
+
+    config = target.config
+    if config.tp_size > 1:
+        raise ValueError("speculative decoding with a draft model runs at one rank (--tp 1)")
+    assert sched_config.speculative_draft_model is not None
+    draft = Engine(replace(config, model=sched_config.speculative_draft_model, weights="auto",
+                           num_pages=target.pool.num_pages, max_model_len=target.context_len))  # fmt: skip
+    return DraftProposer(draft, target.model_config.vocab_size, target.config.max_running_requests)
 
 
 def engine_limits(scheduler: Scheduler) -> EngineLimitsMsg:

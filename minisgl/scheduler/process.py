@@ -153,7 +153,7 @@ class SchedulerLoop:
                 self.to_frontend.put(
                     StatsMsg(**asdict(self.scheduler.stats()), query_id=msg.query_id,
                              prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
-                             requests=self.requests, aborted=self.aborted)  # fmt: skip
+                             requests=self.requests, aborted=self.aborted, **self.scheduler.spec_counts())  # fmt: skip
                 )
         elif isinstance(msg, LoraAdapterMsg):
             self._lora_adapter(msg)

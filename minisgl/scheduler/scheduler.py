@@ -12,7 +12,7 @@ and chunking) and `RequestControls` (grammars, penalties, logprobs). It is hande
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from minisgl.core import PoolingParams, Req, SamplingParams
 from minisgl.engine.step import LogprobEntry, StepPlan
@@ -27,6 +27,7 @@ from minisgl.scheduler.decode import DecodeSet
 from minisgl.scheduler.engine_api import LaunchedStepLike, SchedulerEngine
 from minisgl.scheduler.pages import PageManager, slots_of
 from minisgl.scheduler.prefill import PrefillPlanner
+from minisgl.scheduler.speculative import NgramProposer, Proposer, SpecStats, SpeculativeDecoder
 from minisgl.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -47,10 +48,11 @@ class InFlight:
     step: LaunchedStepLike
     marks: list[tuple[Req, int]]
     logprobs: bool = False  # some live request asked for (prompt) logprobs: read them back
+    drafts: dict[int, list[int]] = field(default_factory=dict)  # the step's verify rows (speculation)
 
 
 class Scheduler:
-    def __init__(self, engine: SchedulerEngine, config: SchedulerConfig) -> None:
+    def __init__(self, engine: SchedulerEngine, config: SchedulerConfig, proposer: Proposer | None = None) -> None:
         self.engine = engine
         self.config = config = resolve(config, engine.platform)
         assert config.overlap is not None and config.max_prefill_tokens is not None
@@ -74,10 +76,20 @@ class Scheduler:
         self.lora: LoraManager | None = getattr(engine, "lora", None)
         if self.lora is not None:
             self.planner.lora_slot = self.lora.acquire
+        self.spec = self._speculative(config, proposer)
         self.reqs: dict[int, Req] = {}
         self.num_retractions = 0
         self.overlap = config.overlap  # pays only where the device runs asynchronously to the host
         self._inflight: InFlight | None = None
+
+    def _speculative(self, config: SchedulerConfig, proposer: Proposer | None) -> SpeculativeDecoder | None:
+        """Speculative decoding's part (None: off); a draft model's proposer is built by the caller."""
+        if config.speculative_algorithm is None:
+            return None
+        if proposer is None:
+            assert config.speculative_algorithm == "ngram", "a draft-model proposer is passed in (scheduler/build.py)"
+            proposer = NgramProposer(config.speculative_ngram_max, config.speculative_ngram_min)
+        return SpeculativeDecoder(config, self.pages, proposer)
 
     def _grammar_backend(self) -> GrammarBackend:
         return GrammarBackend(self.engine.model_dir, self.vocab_size, sorted(self.eos_ids))
@@ -190,6 +202,12 @@ class Scheduler:
             waiting=len(self.planner.waiting),
         )
 
+    def spec_counts(self) -> dict[str, int]:
+        """Speculative decoding's counters since start, as `StatsMsg` names them (zeros when off)."""
+        stats = self.spec.stats if self.spec is not None else SpecStats()
+        return {"spec_verify_steps": stats.verify_steps, "spec_draft_tokens": stats.draft_tokens,
+                "spec_accepted_tokens": stats.accepted_tokens}  # fmt: skip
+
     def flush_cache(self) -> None:
         """Drop every cached prefix (only when idle): the pool returns to full."""
         assert not self.decode.running, "flush_cache while requests hold cached pages"
@@ -198,6 +216,8 @@ class Scheduler:
     def check_idle_invariants(self) -> None:
         assert not self.decode.running
         self.pages.check_idle()
+        if self.spec is not None:
+            self.spec.check_idle()
 
     # ---------------------------------------------------------------- one step
     def step(self) -> list[TokenOut]:
@@ -211,7 +231,8 @@ class Scheduler:
         if plan is not None:
             step = self.engine.launch(plan, self._inflight.step if self._inflight else None)
             pooled = step.pooled.reqs if step.pooled is not None else []
-            launched = InFlight(step, self._advance(plan, step.sampled_reqs, pooled), self.controls.wants_logprobs)
+            marks = self._advance(plan, step.sampled_reqs, pooled)
+            launched = InFlight(step, marks, self.controls.wants_logprobs, plan.drafts)
         outputs: list[TokenOut] = []
         if self.overlap:
             previous, self._inflight = self._inflight, launched
@@ -240,9 +261,11 @@ class Scheduler:
         starved = self.planner.plan(chosen, self._retract)
         if not chosen:
             return None, starved and bool(self.decode.running)
-        return self._build_plan(chosen), False
+        # 4. Speculation: proposals for decoding requests, with the pages left.
+        drafts = self.spec.propose(chosen, self.controls.grammars) if self.spec is not None else {}
+        return self._build_plan(chosen, drafts), False
 
-    def _build_plan(self, reqs: list[Req]) -> StepPlan:
+    def _build_plan(self, reqs: list[Req], drafts: dict[int, list[int]] | None = None) -> StepPlan:
         ps = self.page_size
         out_loc: list[int] = []
         rows, pos, slots = self.pages.take_table()
@@ -255,13 +278,15 @@ class Scheduler:
             if req.num_pending and end == len(req.prompt_ids) + len(req.output_ids):
                 # Its newest input token is still being sampled by the step in flight.
                 from_prev.append((len(out_loc) + req.extend_len - 1, pending[id(req)]))
-            if end - begin == 1:
+            if drafts and req.rid in drafts:  # a verify row: slots for the proposals too
+                out_loc.extend(slots_of(pages, ps, begin, end + len(drafts[req.rid])))
+            elif end - begin == 1:
                 out_loc.append(pages[begin // ps] * ps + begin % ps)
             else:
                 out_loc.extend(slots_of(pages, ps, begin, end))
         controls = self.controls
         return StepPlan(reqs, out_loc, rows, pos, slots, from_prev, controls.grammars, controls.take_released(),
-                        controls.any_controls)  # fmt: skip
+                        controls.any_controls, drafts or {})  # fmt: skip
 
     def _advance(self, plan: StepPlan, sampled: list[Req], pooled: list[Req]) -> list[tuple[Req, int]]:
         """Account for a launched step before its tokens are known: KV is computed, and each
@@ -276,6 +301,8 @@ class Scheduler:
             req.extend_len = 0
         for req in pooled:
             req.num_pending += 1
+        if plan.drafts:
+            sampled = list(dict.fromkeys(sampled))  # a verify row samples at each position: one placeholder
         marks = []
         for req in sampled:
             req.output_ids.append(0)  # placeholder, filled in by _complete
@@ -297,21 +324,39 @@ class Scheduler:
             controls.collect_prompt_logprobs(step)
             token_logprobs = step.token_logprobs()
         grammars = controls.grammars
+        drafts = inflight.drafts
         outputs: list[TokenOut] = []
-        for j, ((req, index), token) in enumerate(zip(inflight.marks, tokens)):
+        row = 0  # the request's first token row (a verify row has one per position)
+        for req, index in inflight.marks:
+            j = row
+            proposal = drafts.get(req.rid) if drafts else None
+            row += 1 if proposal is None else 1 + len(proposal)
             req.num_pending -= 1
             if req.finished:
                 continue  # aborted, or ended by an earlier token while this step was in flight
-            req.output_ids[index] = token
-            reason = req.finish_reason_at(index)
-            if grammars and req.rid in grammars:
-                reason = controls.accept(req, grammars[req.rid], token, reason)
+            assert self.spec is not None or proposal is None
+            new = [tokens[j]] if proposal is None else self.spec.accept(proposal, tokens[j:row])  # type: ignore[union-attr]
+            reason = None
+            for count, token in enumerate(new):
+                if count:
+                    req.output_ids.append(token)  # accepted proposals after the first
+                else:
+                    req.output_ids[index] = token
+                reason = req.finish_reason_at(index + count)
+                if grammars and req.rid in grammars:
+                    reason = controls.accept(req, grammars[req.rid], token, reason)
+                if reason is not None:
+                    del new[count + 1 :]  # every committed token is checked for the end
+                    break
+            last = index + len(new) - 1
             if reason is not None:
-                del req.output_ids[index + 1 :]  # tokens sampled after the end are dropped
+                del req.output_ids[last + 1 :]  # tokens sampled after the end are dropped
                 req.finish_reason = reason
                 self.reqs.pop(req.rid, None)
                 self._leave(req)  # (waiting: retracted while its last token was in flight)
-            out = TokenOut(req.rid, [token], reason, req.prompt_len, req.prefix_len, index + 1)
+            elif proposal is not None:
+                self.spec.roll_back(req)  # type: ignore[union-attr]
+            out = TokenOut(req.rid, new, reason, req.prompt_len, req.prefix_len, last + 1)
             if token_logprobs is not None:
                 entry = token_logprobs[j]
                 out.logprobs = None if entry is None else [entry]
@@ -350,6 +395,8 @@ class Scheduler:
             self.pages.release(req)
         else:
             self.planner.remove(req)
+        if self.spec is not None:
+            self.spec.forget(req)
 
     def _retract(self, req: Req) -> None:
         """Preempt a resident request: keep its tokens, drop its KV (cached for a cheap resume)."""
@@ -365,6 +412,8 @@ class Scheduler:
             self.lora.release(req.lora_id)
         self.decode.remove(req)
         self.pages.release(req)
+        if self.spec is not None:
+            self.spec.forget(req)  # a draft model's KV of it goes too
         req.cached_len = 0
         req.extend_len = 0
         req.long_rope = self._long_rope(req.total_len)

@@ -15,7 +15,7 @@ from typing import Any, Callable, NamedTuple, get_args
 
 from minisgl.engine.config import DType, EngineConfig, EngineTask, KVCacheDType, Weights
 from minisgl.platform.kernel_config import CpuIsa, KernelConfig
-from minisgl.scheduler.config import SchedulerConfig
+from minisgl.scheduler.config import SchedulerConfig, SpeculativeAlgorithm
 
 SERVER_PREFILL_TOKENS = 8192  # the server's --max-prefill-tokens default (latency)
 
@@ -131,6 +131,7 @@ def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -
     k.add_argument("--max-prefill-tokens", type=positive_int, default=None if offline else SERVER_PREFILL_TOKENS,
                    help=prefill_help)  # fmt: skip
     k.add_argument("--cache", default=sched.cache, choices=["radix", "naive"], help="prefix cache (default: radix)")
+    _add_speculative_args(parser, sched)
     s = parser.add_argument_group("behaviour switches", "for ablations and bisecting; the defaults are the "
                                   "measured-fastest setting, and a switch a platform cannot run is off there")
     boolean = argparse.BooleanOptionalAction
@@ -170,10 +171,32 @@ def add_lora_args(parser: argparse.ArgumentParser, defaults: EngineConfig) -> No
                    help=f"largest adapter rank served (default: {defaults.max_lora_rank})")  # fmt: skip
 
 
+def _add_speculative_args(parser: argparse.ArgumentParser, sched: SchedulerConfig) -> None:
+    g = parser.add_argument_group("speculative decoding", "proposed tokens verified by the model in one "
+                                  "forward; greedy output is unchanged, sampling keeps its distribution")  # fmt: skip
+    g.add_argument("--speculative-algorithm", default=None, choices=list(get_args(SpeculativeAlgorithm)),
+                   help="ngram: continue the latest n-gram found in the request's own prompt and output "
+                   "(prompt lookup); draft: a small model with the same tokenizer (default: off)")  # fmt: skip
+    g.add_argument("--num-speculative-tokens", type=positive_int, default=sched.num_speculative_tokens,
+                   help=f"tokens proposed per step and request (default: {sched.num_speculative_tokens})")  # fmt: skip
+    g.add_argument("--speculative-draft-model", default=None,
+                   help="the draft model of --speculative-algorithm draft (a model directory or hub id)")  # fmt: skip
+    g.add_argument("--speculative-ngram-max", type=positive_int, default=sched.speculative_ngram_max,
+                   help=f"longest n-gram looked up (default: {sched.speculative_ngram_max})")  # fmt: skip
+    g.add_argument("--speculative-ngram-min", type=positive_int, default=sched.speculative_ngram_min,
+                   help=f"shortest n-gram looked up (default: {sched.speculative_ngram_min})")  # fmt: skip
+
+
 def check_engine_args(args: argparse.Namespace) -> str | None:
     """What is wrong with the flags beyond their own types (a sentence), or None."""
     if args.cuda_graph_max_bs < 0:
         return "--cuda-graph-max-bs must be >= 0"
+    if (args.speculative_algorithm == "draft") != (args.speculative_draft_model is not None):
+        return "--speculative-algorithm draft and --speculative-draft-model go together"
+    if args.num_speculative_tokens > 16:
+        return "--num-speculative-tokens must be at most 16"
+    if args.speculative_ngram_min > args.speculative_ngram_max:
+        return "--speculative-ngram-min must not exceed --speculative-ngram-max"
     if args.weights == "gguf" and args.tp > 1:
         return f"--weights gguf runs at one rank: for --tp {args.tp} pass --weights float32 or bfloat16"
     if args.weights == "gguf" and args.model is not None and not args.model.endswith(".gguf"):
@@ -201,4 +224,7 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
     return SchedulerConfig(
         max_running_requests=args.max_running_requests, max_prefill_tokens=args.max_prefill_tokens,
         cache=args.cache, overlap=args.overlap, dedupe_prefill=args.dedupe_prefill,
+        speculative_algorithm=args.speculative_algorithm, num_speculative_tokens=args.num_speculative_tokens,
+        speculative_draft_model=args.speculative_draft_model, speculative_ngram_max=args.speculative_ngram_max,
+        speculative_ngram_min=args.speculative_ngram_min,
     )  # fmt: skip

@@ -100,6 +100,11 @@ class ServerMetrics:
                                      per_replica, registry=r)  # fmt: skip
         self.replica_kv_usage = Gauge("minisgl_replica_kv_cache_usage_ratio", "Fraction of each replica's KV "
                                       "pages held by requests", per_replica, registry=r)  # fmt: skip
+        self.spec_acceptance = Gauge("minisgl_spec_decode_acceptance_ratio", "Speculative decoding: proposed "
+                                     "tokens accepted, over all proposed", ["model_name"], registry=r).labels(**labels)  # fmt: skip
+        self.spec_length = Gauge("minisgl_spec_decode_mean_accepted_length", "Speculative decoding: tokens "
+                                 "committed per verify step (accepted proposals + the model's own token)",
+                                 ["model_name"], registry=r).labels(**labels)  # fmt: skip
         self.scheduler_counts = _SchedulerCountsCollector(model)
         r.register(self.scheduler_counts)
         self.model = model
@@ -157,6 +162,10 @@ class ServerMetrics:
             self.kv_usage.set(_kv_usage(total))
             if total.prompt_tokens:
                 self.hit_ratio.set(total.cached_tokens / total.prompt_tokens)
+            if total.spec_draft_tokens:
+                self.spec_acceptance.set(total.spec_accepted_tokens / total.spec_draft_tokens)
+            if total.spec_verify_steps:
+                self.spec_length.set(1 + total.spec_accepted_tokens / total.spec_verify_steps)
             self.scheduler_counts.stats = stats
             for i, replica in enumerate(stats.replicas):
                 labels = (self.model, str(i))
@@ -186,6 +195,11 @@ class _SchedulerCountsCollector(Collector):
         for name, doc, value in (
             ("minisgl_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", total.prompt_tokens),
             ("minisgl_prefix_cache_hits", "Prompt tokens the prefix cache held", total.cached_tokens),
+            ("minisgl_spec_decode_num_drafts", "Speculative verify steps (one per request and step)",
+             total.spec_verify_steps),
+            ("minisgl_spec_decode_num_draft_tokens", "Tokens proposed for verification", total.spec_draft_tokens),
+            ("minisgl_spec_decode_num_accepted_tokens", "Proposed tokens the model accepted",
+             total.spec_accepted_tokens),
         ):  # fmt: skip
             counter = CounterMetricFamily(name, doc, labels=["model_name"])
             counter.add_metric([self.model], value)

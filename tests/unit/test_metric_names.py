@@ -39,6 +39,11 @@ EXPECTED: dict[str, str] = {
     "minisgl_replica_num_requests_running": "gauge",
     "minisgl_replica_num_requests_waiting": "gauge",
     "minisgl_replica_kv_cache_usage_ratio": "gauge",
+    "minisgl_spec_decode_num_drafts_total": "counter",
+    "minisgl_spec_decode_num_draft_tokens_total": "counter",
+    "minisgl_spec_decode_num_accepted_tokens_total": "counter",
+    "minisgl_spec_decode_acceptance_ratio": "gauge",
+    "minisgl_spec_decode_mean_accepted_length": "gauge",
 }
 _SUFFIXES = {"counter": ("",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 

@@ -1,0 +1,147 @@
+"""Speculative decoding: single-stream decode speed with and without it, on a workload whose answers
+copy from the prompt (bench/spec_workload.py), greedy, one request at a time. Prints one JSON line
+per run (`speculative: false`, then the flags' algorithm) and a summary line: speed-up, whether the
+texts are identical, acceptance rate and mean accepted length. On CPU with the embedded model's
+GGUF weights, K = 3 pays best: a verify step's 4 rows fit one register tile of the quantized GEMV
+(kernels/cpu_quant.py), 5 rows take two: `python -m minisgl.bench spec --device cpu
+--speculative-algorithm ngram --num-speculative-tokens 3 --max-tokens 128`.
+
+`--verify-cost`: instead, the time of one bs=1 step that verifies K proposed tokens (K + 1 query
+rows; every step proposes K tokens, whatever the model) against one plain decode step, e.g. on the
+GPU with dummy weights: `python -m minisgl.bench spec --verify-cost --model configs/qwen3-0.6b
+--dummy-weights --speculative-algorithm ngram --num-speculative-tokens 4`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from typing import Any
+
+from minisgl.core import Req, SamplingParams
+from minisgl.server.engine_args import add_engine_args, check_engine_args, engine_config, scheduler_config
+
+
+class FixedProposer:
+    """Proposes `limit` copies of the newest token for every request (a cost probe, not a guess)."""
+
+    def propose(self, reqs: list[tuple[Req, int]]) -> dict[int, list[int]]:
+        return {req.rid: [(req.output_ids or req.prompt_ids)[-1]] * limit for req, limit in reqs}
+
+    def forget(self, req: Req) -> None:
+        pass
+
+    def check_idle(self) -> None:
+        pass
+
+
+def _llm(args: argparse.Namespace, speculative: bool) -> Any:
+    from minisgl import LLM
+
+    sched = scheduler_config(args)
+    if not speculative:
+        sched = replace(sched, speculative_algorithm=None, speculative_draft_model=None)
+    # No prefix cache: a request's prefill costs the same in the 1-token run and the full one.
+    sched = replace(sched, max_running_requests=1, cache="naive")
+    llm = LLM(engine_config=engine_config(args), scheduler_config=sched)
+    llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)  # warm-up
+    return llm
+
+
+def _spec_record(llm: Any) -> dict[str, Any]:
+    spec = llm.scheduler.spec
+    if spec is None:
+        return {}
+    stats = spec.stats
+    return {"verify_steps": stats.verify_steps, "draft_tokens": stats.draft_tokens,
+            "accepted_tokens": stats.accepted_tokens, "acceptance_rate": round(stats.acceptance_rate, 3),
+            "mean_accepted_len": round(stats.mean_accepted_len, 3)}  # fmt: skip
+
+
+def run_workload(args: argparse.Namespace, speculative: bool) -> tuple[dict[str, Any], list[str]]:
+    from minisgl.bench.spec_workload import CONVERSATIONS
+
+    llm = _llm(args, speculative)
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    prompts = [llm.apply_chat_template(c) for c in CONVERSATIONS] * args.repeat
+    if llm.scheduler.spec is not None:
+        llm.scheduler.spec.stats = type(llm.scheduler.spec.stats)()  # not the warm-up's
+    texts: list[str] = []
+    tokens, seconds = 0, 0.0
+    for prompt in prompts:  # single stream: one request at a time; decode time only
+        start = time.perf_counter()
+        first = llm.generate([prompt], replace(params, max_tokens=1), use_tqdm=False)[0]
+        prefill = time.perf_counter() - start
+        start = time.perf_counter()
+        out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+        seconds += time.perf_counter() - start - prefill  # the decode steps after the first token
+        tokens += len(out.token_ids) - 1
+        texts.append(out.text)
+        assert first.outputs[0].token_ids == out.token_ids[:1]
+    record = {"speculative": llm.scheduler.config.speculative_algorithm or False, "requests": len(prompts),
+              "decode_tokens": tokens, "decode_seconds": round(seconds, 3),
+              "decode_tok_s": round(tokens / seconds, 2), **_spec_record(llm)}  # fmt: skip
+    return record, texts
+
+
+def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
+    """bs=1: mean step time of plain decoding and of verify steps of K proposals (FixedProposer)."""
+    k = args.num_speculative_tokens
+    steps = args.max_tokens
+    prompt = list(range(10, 10 + args.prompt_len))
+    params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
+    out: dict[str, Any] = {"k": k}
+    for speculative in (False, True):
+        llm = _llm(args, speculative)
+        if speculative:
+            llm.scheduler.spec.proposer = FixedProposer()
+        llm.generate([prompt], params, use_tqdm=False)  # warm-up at these lengths
+        if speculative:
+            llm.scheduler.spec.stats = type(llm.scheduler.spec.stats)()
+        platform = llm.engine.platform
+        platform.synchronize()
+        start = time.perf_counter()
+        res = llm.generate([prompt], params, use_tqdm=False)[0]
+        platform.synchronize()
+        total = time.perf_counter() - start
+        assert len(res.outputs[0].token_ids) == steps
+        count = steps - 1 if not speculative else llm.scheduler.spec.stats.verify_steps
+        out["verify_step_ms" if speculative else "decode_step_ms"] = round(1000 * total / max(count, 1), 3)
+        del llm
+    out["verify_over_decode"] = round(out["verify_step_ms"] / out["decode_step_ms"], 3)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m minisgl.bench spec", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add_engine_args(p, offline=True)
+    p.add_argument("--max-tokens", type=int, default=256, help="output tokens per request (default: 256)")
+    p.add_argument("--repeat", type=int, default=1, help="passes over the workload (default: 1)")
+    p.add_argument("--verify-cost", action="store_true", help="time a verify step against a decode step instead")
+    p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens of --verify-cost (default: 128)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = check_engine_args(args)
+    if problem is None and args.speculative_algorithm is None:
+        problem = "pass --speculative-algorithm (ngram or draft)"
+    if problem is not None:
+        parser.error(problem)
+    if args.verify_cost:
+        print(json.dumps(run_verify_cost(args)), flush=True)
+        return 0
+    base, base_texts = run_workload(args, speculative=False)
+    print(json.dumps(base), flush=True)
+    spec, spec_texts = run_workload(args, speculative=True)
+    print(json.dumps(spec), flush=True)
+    summary = {"speedup": round(spec["decode_tok_s"] / base["decode_tok_s"], 3),
+               "identical_text": base_texts == spec_texts,
+               "acceptance_rate": spec.get("acceptance_rate"), "mean_accepted_len": spec.get("mean_accepted_len")}  # fmt: skip
+    print(json.dumps(summary), flush=True)
+    return 0
