@@ -43,6 +43,7 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         from minisgl.models.gguf_weights import load_gguf_weights
         from minisgl.models.loader import init_dummy_weights, load_weights
+        from minisgl.models.quant_fp8 import quantize_loaded
         from minisgl.models.registry import build_model
         from minisgl.models.source import gguf_file, resolve_model_dir
 
@@ -86,6 +87,8 @@ class Engine:
             load_gguf_weights(self.model, gguf_file(config.model))
         else:
             kv_scales = load_weights(self.model, self.model_dir)
+        if config.quantization == "fp8":  # a float model's linear layers to float8 (models/quant_fp8.py)
+            quantize_loaded(self.model)
         self.model.eval()
 
         self.pool = self._make_pool()

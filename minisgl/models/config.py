@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from minisgl.models.config_families import family_config, family_fields, parse_rope
+from minisgl.models.quant_config import QuantScheme, parse_quant_config
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -77,6 +78,8 @@ class ModelConfig:
     logits_scaling: float = 1.0
     # False: the decoder without its LM head (a `*Model` checkpoint, or served as embeddings).
     has_lm_head: bool = True
+    # The checkpoint's quantized weights (its `quantization_config`); None: float weights.
+    quantization: QuantScheme | None = None
 
     @property
     def is_moe(self) -> bool:
@@ -182,6 +185,7 @@ class ModelConfig:
             rope_local_theta=rope.local_theta,
             partial_rotary_factor=rope.partial_rotary_factor,
             has_lm_head=not headless,
+            quantization=parse_quant_config(top.get("quantization_config")),
             **family_fields(arch, cfg),
         )
 
