@@ -26,9 +26,24 @@ import triton.language as tl
 from minisgl.kernels.fp8_ref import FP8_DTYPE, FP8_MAX, MIN_SCALE
 
 
+@triton.jit
+def _round_to_e4m3(v):
+    """v (|v| <= 448) rounded to the nearest e4m3 value (ties to even) in fp32 arithmetic: adding
+    and subtracting 2^(e + 20) leaves multiples of the e4m3 step 2^(e - 3) at v's exponent e
+    (2^-9 among the subnormals). For the interpreter, whose fp32 -> float8 cast carries a
+    rounded-up mantissa into the wrong exponent (x / s just below 2^k gives 2^(k - 1)); the cast of
+    the rounded value is then exact."""
+    bits = v.to(tl.int32, bitcast=True)
+    exponent = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
+    magic = ((exponent + 147) << 23).to(tl.float32, bitcast=True)
+    rounded = (tl.abs(v) + magic) - magic
+    return (rounded.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)  # v's sign, -0 too
+
+
 @triton.jit(do_not_specialize=["M"])
 def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_x, stride_q, stride_s,
-                     SPAN: tl.constexpr, BLOCK: tl.constexpr, FMAX: tl.constexpr, SMIN: tl.constexpr):  # fmt: skip
+                     SPAN: tl.constexpr, BLOCK: tl.constexpr, FMAX: tl.constexpr, SMIN: tl.constexpr,
+                     ROUND_FIRST: tl.constexpr):  # fmt: skip
     """Program (row, g): columns [g * SPAN, (g + 1) * SPAN) of one row (SPAN = K: the whole row)."""
     row = tl.program_id(0)
     start = tl.program_id(1) * SPAN
@@ -46,6 +61,8 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_x, stride_q, stride_s,
         mask = (cols < K) & (k0 + offs < SPAN)
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
         q = tl.clamp(tl.math.div_rn(x, scale), -FMAX, FMAX)
+        if ROUND_FIRST:
+            q = _round_to_e4m3(q)
         tl.store(q_ptr + row * stride_q + cols, q.to(tl.float8e4nv), mask=mask)
 
 
@@ -112,7 +129,8 @@ def fp8_quantize(x: torch.Tensor, group: int | None = None) -> tuple[torch.Tenso
     if m:
         block = min(triton.next_power_of_2(span), 1024)
         _quantize_kernel[(m, groups)](x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0),
-                                      SPAN=span, BLOCK=block, FMAX=FP8_MAX, SMIN=MIN_SCALE)  # fmt: skip
+                                      SPAN=span, BLOCK=block, FMAX=FP8_MAX, SMIN=MIN_SCALE,
+                                      ROUND_FIRST=x.device.type == "cpu")  # CPU tensors: the interpreter  # fmt: skip
     return q, scale
 
 
