@@ -63,7 +63,7 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_x, stride_q, stride_s,
         q = tl.clamp(tl.math.div_rn(x, scale), -FMAX, FMAX)
         if ROUND_FIRST:
             q = _round_to_e4m3(q)
-        tl.store(q_ptr + row * stride_q + cols, q.to(tl.float8e4nv), mask=mask)
+        tl.store(q_ptr + row * stride_q + cols, q.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=mask)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -100,6 +100,11 @@ def _fp8_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, bias_ptr, M, N, K,
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     out = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
     tl.store(out, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def supported(device: torch.device) -> bool:
+    """float8 tensor-core dots: sm89 (Ada) and later; the CPU interpreter (tests) too."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 class Fp8GemmConfig(NamedTuple):

@@ -32,9 +32,13 @@ ScaleLayout = Literal["tensor", "channel", "block"]
 
 
 def select_fp8_impl(device: torch.device) -> Fp8Impl:
-    """The Triton GEMM where Triton compiles (CUDA); the reference elsewhere (the interpreter is
-    for tests, which build `Fp8LinearFn(..., impl="triton")` themselves)."""
-    return "triton" if compiles_triton(device) and triton_installed() else "torch"
+    """The Triton GEMM where Triton compiles (CUDA, sm89+: float8 tensor cores); the reference
+    elsewhere (the interpreter is for tests, which ask for `with_impl("triton")` themselves)."""
+    if not (compiles_triton(device) and triton_installed()):
+        return "torch"
+    from minisgl.kernels.fp8_gemm import supported
+
+    return "triton" if supported(device) else "torch"
 
 
 class Fp8LinearFn:
