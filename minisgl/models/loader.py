@@ -36,6 +36,7 @@ class LazyTensor:
         self.name = name
         self._slice = handle.get_slice(name)  # type: ignore[attr-defined]
         self.shape = torch.Size(self._slice.get_shape())
+        self.file_dtype: str = self._slice.get_dtype()  # safetensors' name: "BF16", "F8_E4M3", ...
 
     def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
         index = [slice(None)] * len(self.shape)
@@ -123,13 +124,9 @@ def kv_scale_target(name: str) -> tuple[int, str] | None:
 def load_weights(model: nn.Module, model_dir: Path, show_progress: bool = True) -> dict[int, tuple[float, float]]:
     """Load the checkpoint into `model`; returns the KV cache scales it holds, {layer: (k, v)}
     (empty for most checkpoints; a float8 KV pool uses them). `--weights gguf` loads with
-    models/gguf_weights.py instead, which reuses `load_tensor` and `check_complete`. A float8
-    checkpoint (the config's `quantization`) loads into float8 layers (models/quant_fp8.py)."""
+    models/gguf_weights.py instead, which reuses `load_tensor` and `check_complete`."""
     from minisgl.distributed import get_tp_info
-    from minisgl.models.quant_fp8 import finish_fp8, prepare_fp8
 
-    scheme = getattr(model.config, "quantization", None)
-    plan = prepare_fp8(model, model_dir, scheme) if scheme is not None else None
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
     kv_scales: dict[int, dict[str, float]] = {}
@@ -145,8 +142,6 @@ def load_weights(model: nn.Module, model_dir: Path, show_progress: bool = True) 
             continue
         load_tensor(model, params, name, tensor, loaded)
     check_complete(model, loaded, f"checkpoint in {model_dir}")
-    if plan is not None:
-        finish_fp8(model, plan)
     return {layer: (parts.get("k", 1.0), parts.get("v", 1.0)) for layer, parts in kv_scales.items()}
 
 

@@ -1,6 +1,6 @@
 """Loading FP8 weights (models/quant_config.py's `Fp8Scheme`) into a built minisgl model.
 
-A float8 checkpoint: `prepare_fp8` reads the tensor table (types only) and turns every layer
+A float8 checkpoint (`load_checkpoint`): `prepare_fp8` reads the tensor table (types only) and turns every layer
 whose checkpoint weight is float8 (`F8_E4M3`) into float8 parameters plus a scale parameter
 (layers/fp8.py: `to_fp8_params`), so the ordinary loader (models/loader.py) copies the file's
 float8 weights and scales into them; `finish_fp8` then hands each layer its `Fp8LinearFn` (or
@@ -21,7 +21,7 @@ from torch import nn
 from minisgl.layers.fp8 import Fp8Impl, finish_experts, finish_linear, quantize_linear, select_fp8_impl, to_fp8_params
 from minisgl.layers.linear import ColumnParallelLinear, RowParallelLinear
 from minisgl.layers.moe import ExpertDown, ExpertGateUp, FusedExperts
-from minisgl.models.loader import target_of
+from minisgl.models.loader import LazyTensor, iter_checkpoint, load_weights, target_of
 from minisgl.models.quant_config import Fp8Scheme
 from minisgl.utils.logging import get_logger
 
@@ -38,17 +38,23 @@ class Fp8Plan(NamedTuple):
 
 def _weight_types(model_dir: Path) -> dict[str, str]:
     """{checkpoint tensor name: safetensors dtype} of every `*.weight`, from the file headers."""
-    from safetensors import safe_open
-
-    from minisgl.models.loader import _checkpoint_files
-
     types: dict[str, str] = {}
-    for path in _checkpoint_files(model_dir):
-        with safe_open(str(path), framework="pt") as handle:
-            for name in handle.keys():
-                if name.endswith(".weight"):
-                    types[name] = handle.get_slice(name).get_dtype()
+    for name, tensor in iter_checkpoint(model_dir, show_progress=False, lazy=True):
+        if name.endswith(".weight") and isinstance(tensor, LazyTensor):  # nothing is read
+            types[name] = tensor.file_dtype
     return types
+
+
+def load_checkpoint(model: nn.Module, model_dir: Path, show_progress: bool = True) -> dict[int, tuple[float, float]]:
+    """`loader.load_weights`, with the layers a float8 checkpoint (the config's `quantization`)
+    stores in float8 prepared before and finished after. Returns the KV cache scales."""
+    scheme = getattr(model.config, "quantization", None)
+    if scheme is None:
+        return load_weights(model, model_dir, show_progress)
+    plan = prepare_fp8(model, model_dir, scheme)
+    kv_scales = load_weights(model, model_dir, show_progress)
+    finish_fp8(model, plan)
+    return kv_scales
 
 
 def prepare_fp8(model: nn.Module, model_dir: Path, scheme: Fp8Scheme) -> Fp8Plan:
