@@ -11,8 +11,10 @@ per token (or per token and K-group), then `fp8_gemm` multiplies float8 tiles on
   before it is added (DeepSeek-V3's recipe; the weight's block scales are held one per row).
 
 The layouts and the oracle are kernels/fp8_ref.py's; the result equals `fp8_linear_ref` up to
-fp32 summation order. The launches are a heuristic (no measured table yet): small tiles for
-decode rows, so that N / BLOCK_N programs spread the weight stream over the SMs.
+fp32 summation order. The launches are a heuristic (`gemm_config`, no measured table yet):
+narrow column tiles for decode rows, so that N / BLOCK_N programs spread the weight stream over
+the SMs. Not yet done: the activation quantization fused into the kernel before (RMSNorm, SiLU),
+split-K for the narrowest layers, and a float8 MoE kernel (experts dequantize: layers/fp8.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import triton
 import triton.language as tl
 
 from minisgl.kernels.fp8_ref import FP8_DTYPE, FP8_MAX, MIN_SCALE
+from minisgl.kernels.impl import num_sms
 
 
 @triton.jit
@@ -114,10 +117,13 @@ class Fp8GemmConfig(NamedTuple):
     num_stages: int
 
 
-def gemm_config(m: int) -> Fp8GemmConfig:
-    """The launch for `m` rows (BLOCK_K is 128, or the group)."""
+def gemm_config(m: int, n: int, sms: int) -> Fp8GemmConfig:
+    """The launch for `m` rows of `n` outputs on `sms` SMs (BLOCK_K is 128, or the group). Decode
+    rows stream the weight: the widest column tile that still gives every SM two programs (Qwen3-8B
+    at one row: 16 columns for o_proj / down_proj / qkv, 64 for gate_up). Not measured yet."""
     if m <= 16:
-        return Fp8GemmConfig(16, 32, 4, 4)
+        block_n = next((b for b in (64, 32) if -(-n // b) >= 2 * sms), 16)
+        return Fp8GemmConfig(16, block_n, 4, 5)
     if m <= 64:
         return Fp8GemmConfig(64, 64, 4, 4)
     return Fp8GemmConfig(128, 128, 8, 3)
@@ -150,7 +156,7 @@ def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, scale: t
     out = torch.empty(m, n, dtype=out_dtype, device=xq.device)
     if m == 0:
         return out
-    cfg = gemm_config(m)
+    cfg = gemm_config(m, n, num_sms(xq.device))
     block_k = 128 if group is None else group
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
     _fp8_gemm_kernel[grid](
