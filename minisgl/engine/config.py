@@ -14,6 +14,10 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 # float32 is the dequantized fp32 model, as before). Resolved, it is "gguf" or the model's dtype.
 Weights = Literal["auto", "gguf", "float32", "bfloat16", "float16"]
 KVCacheDType = Literal["auto", "fp8_e4m3"]
+# Weight quantization: "auto" = the checkpoint's (its quantization_config; float weights stay
+# float); "fp8" = float8 W8A8, a float checkpoint quantized at load (per-channel weight scales,
+# per-token activation scales; models/quant_fp8.py).
+Quantization = Literal["auto", "fp8"]
 # What the engine serves: text generation, or embeddings (models/pooling.py); auto: the checkpoint says.
 EngineTask = Literal["auto", "generate", "embed"]
 
@@ -33,6 +37,7 @@ class EngineConfig:
     # KV pool element type: "auto" = the model dtype; "fp8_e4m3" = float8 pages with per-layer
     # scales (the checkpoint's, else 1.0): half the bytes of bf16, twice the tokens per GiB.
     kv_cache_dtype: KVCacheDType = "auto"
+    quantization: Quantization = "auto"  # see Quantization
     # float8 KV without scales in the checkpoint: measure them at start (engine/kv_scales.py);
     # False: every scale 1.0 (vLLM's default).
     calculate_kv_scales: bool = True
@@ -72,6 +77,10 @@ class EngineConfig:
         if self.kv_cache_dtype not in get_args(KVCacheDType):
             raise ValueError(
                 f"unknown kv_cache_dtype {self.kv_cache_dtype!r}: use one of {', '.join(get_args(KVCacheDType))}"
+            )
+        if self.quantization not in get_args(Quantization):
+            raise ValueError(
+                f"unknown quantization {self.quantization!r}: use one of {', '.join(get_args(Quantization))}"
             )
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")

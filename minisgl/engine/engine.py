@@ -48,7 +48,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         from minisgl.models.gguf_weights import load_gguf_weights
-        from minisgl.models.loader import init_dummy_weights, load_weights
+        from minisgl.models.loader import init_dummy_weights
+        from minisgl.models.quant_fp8 import load_checkpoint, quantize_loaded
         from minisgl.models.registry import build_model
         from minisgl.models.source import gguf_file, resolve_model_dir
 
@@ -91,7 +92,9 @@ class Engine:
         elif config.weights == "gguf":  # the GGUF's blocks kept as they are (models/gguf_weights.py)
             load_gguf_weights(self.model, gguf_file(config.model))
         else:
-            kv_scales = load_weights(self.model, self.model_dir)
+            kv_scales = load_checkpoint(self.model, self.model_dir)  # float8 layers where the checkpoint has them
+        if config.quantization == "fp8":  # a float model's linear layers to float8 (models/quant_fp8.py)
+            quantize_loaded(self.model)
         self.model.eval()
         self.lora = self._make_lora()  # None: no adapters served
 

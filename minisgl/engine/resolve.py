@@ -40,8 +40,8 @@ def resolve_weights(config: EngineConfig, platform: BasePlatform) -> tuple[str, 
     platform_dtype = str(platform.default_dtype).removeprefix("torch.")
     weights = config.weights
     if weights == "auto":
-        quantized = (config.gguf_model and platform.name == "cpu" and config.tp_size == 1
-                     and config.dtype == "auto" and not config.dummy_weights and not config.lora)  # fmt: skip
+        quantized = (config.gguf_model and platform.name == "cpu" and config.tp_size == 1 and config.dtype == "auto"
+                     and not config.dummy_weights and not config.lora and config.quantization == "auto")  # fmt: skip
         if quantized:
             return "gguf", "float32"
         dtype = platform_dtype if config.dtype == "auto" else config.dtype
@@ -61,6 +61,9 @@ def _check_gguf(config: EngineConfig, platform: BasePlatform) -> None:
         raise ValueError("--weights gguf keeps a GGUF file's blocks; --dummy-weights has none: pass --weights float32")
     if platform.name != "cpu":
         raise ValueError("--weights gguf runs on the quantized CPU kernels only: on a GPU pass --weights bfloat16")
+    if config.quantization != "auto":
+        raise ValueError(f"--weights gguf keeps the GGUF's blocks: for --quantization {config.quantization} pass "
+                         "--weights float32 or bfloat16")  # fmt: skip
     if config.tp_size != 1:
         raise ValueError(f"--weights gguf runs at one rank: for --tp {config.tp_size} pass --weights float32 or bfloat16")
     if config.dtype not in ("auto", "float32"):

@@ -62,11 +62,12 @@ def _set_loader(param: nn.Parameter, loader: WeightLoader) -> None:
     param.weight_loader = loader  # type: ignore[attr-defined]
 
 
-def _drop_weight(layer: nn.Module, fn: LinearFn) -> None:
+def _drop_weight(layer: nn.Module, fn: LinearFn, sharded: bool = False) -> None:
     """The layer's matmul becomes `fn`, which holds the weight itself (GGUF blocks:
-    layers/quant.py); the float parameter is replaced by an empty one (its memory was never
-    written: the model is built with `torch.empty`)."""
-    if get_tp_info().size != 1:
+    layers/quant.py; `sharded`: this rank's shard, float8 weights: layers/fp8.py); the float
+    parameter is replaced by an empty one (its memory was never written: the model is built
+    with `torch.empty`)."""
+    if get_tp_info().size != 1 and not sharded:
         raise ValueError("weights held outside the layer (--weights gguf) run at one rank: pass --weights float32")
     layer._linear = fn  # type: ignore[assignment]
     layer.weight = nn.Parameter(torch.empty(0), requires_grad=False)
@@ -107,10 +108,10 @@ class ColumnParallelLinear(nn.Module):
     def _load(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         _copy(param, loaded.narrow(0, self.tp_rank * self.out_per_rank, self.out_per_rank))
 
-    def use_weight_fn(self, fn: LinearFn) -> None:
+    def use_weight_fn(self, fn: LinearFn, sharded: bool = False) -> None:
         """At load, once: `fn(x, weight, bias)` computes the layer and holds its weight (the
-        quantized GGUF path, layers/quant.py)."""
-        _drop_weight(self, fn)
+        quantized GGUF path, layers/quant.py; `sharded`: fn holds this rank's shard, any TP size)."""
+        _drop_weight(self, fn, sharded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self._linear(x, self.weight, self.bias)
@@ -197,9 +198,9 @@ class RowParallelLinear(nn.Module):
     def _load_weight(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         _copy(param, loaded.narrow(1, self.tp_rank * self.in_per_rank, self.in_per_rank))
 
-    def use_weight_fn(self, fn: LinearFn) -> None:
+    def use_weight_fn(self, fn: LinearFn, sharded: bool = False) -> None:
         """As `ColumnParallelLinear.use_weight_fn`."""
-        _drop_weight(self, fn)
+        _drop_weight(self, fn, sharded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self._linear(x, self.weight)

@@ -156,6 +156,14 @@ class FusedExperts(nn.Module):
 
             self._fn = fused_moe
 
+    @property
+    def moe_fn(self) -> MoeFn:
+        return self._fn
+
+    def use_moe_fn(self, fn: MoeFn) -> None:
+        """At load, once: `fn` computes the experts over weights it holds (float8 blocks: layers/fp8.py)."""
+        self._fn = fn
+
     def forward(self, hidden: torch.Tensor, routing: Routing) -> torch.Tensor:
         out = self._fn(hidden, self.gate_up_proj.weight, self.down_proj.weight, routing.weights, routing.ids)
         return all_reduce(out)

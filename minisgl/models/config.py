@@ -14,6 +14,7 @@ from minisgl.models.config_deepseek import (
     parse_deepseek,
 )
 from minisgl.models.config_families import family_config, family_fields, parse_rope
+from minisgl.models.quant_config import QuantScheme, parse_quant_config
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -95,6 +96,8 @@ class ModelConfig:
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.702
     mxfp4_experts: bool = False  # the checkpoint ships its experts in MXFP4 (quant_method "mxfp4")
+    # The checkpoint's quantized weights (its `quantization_config`); None: float weights.
+    quantization: QuantScheme | None = None
 
     @property
     def is_moe(self) -> bool:
@@ -229,6 +232,7 @@ class ModelConfig:
             partial_rotary_factor=rope.partial_rotary_factor,
             has_lm_head=not headless,
             deepseek=deepseek,
+            quantization=parse_quant_config(top.get("quantization_config")),
             **fields,
         )
 

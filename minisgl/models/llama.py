@@ -105,6 +105,7 @@ class DecoderLayer(nn.Module):
         return (
             isinstance(mlp, MLP)
             and all(p.bias is None for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+            and not (attn.qkv_proj.weight_held_by_fn or mlp.gate_up_proj.weight_held_by_fn)  # no float weight to fold into
             and attn.rotary.stores_kv
             and getattr(mlp.act, "impl", None) == "triton"
         )

@@ -36,6 +36,7 @@ class LazyTensor:
         self.name = name
         self._slice = handle.get_slice(name)  # type: ignore[attr-defined]
         self.shape = torch.Size(self._slice.get_shape())
+        self.file_dtype: str = self._slice.get_dtype()  # safetensors' name: "BF16", "F8_E4M3", ...
 
     def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
         index = [slice(None)] * len(self.shape)

@@ -13,7 +13,7 @@ import math
 from dataclasses import fields
 from typing import Any, Callable, NamedTuple, get_args
 
-from minisgl.engine.config import DType, EngineConfig, EngineTask, KVCacheDType, Weights
+from minisgl.engine.config import DType, EngineConfig, EngineTask, KVCacheDType, Quantization, Weights
 from minisgl.platform.kernel_config import CpuIsa, KernelConfig
 from minisgl.scheduler.config import SchedulerConfig, SpeculativeAlgorithm
 
@@ -97,6 +97,10 @@ def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -
                    "the quantized CPU kernels (fp32 activations; CPU, one rank); float32 / bfloat16 = "
                    "dequantized (float32: the exact-vs-Hugging Face mode) (default: auto = gguf for a .gguf "
                    "model on CPU with --dtype auto, else the --dtype's)")  # fmt: skip
+    m.add_argument("--quantization", default=defaults.quantization, choices=list(get_args(Quantization)),
+                   help="weight quantization: auto = the checkpoint's quantization_config (FP8 checkpoints run "
+                   "float8); fp8 = float8 W8A8, a float checkpoint quantized at load with per-channel weight "
+                   "and per-token activation scales (default: auto)")  # fmt: skip
     m.add_argument("--dummy-weights", action="store_true", help="random weights (benchmarks without a checkpoint)")
     m.add_argument("--max-model-len", type=positive_int, default=None, help="cap on the context length")
     m.add_argument("--seed", type=int, default=defaults.seed, help="random seed of the engine (default: 0)")
@@ -199,6 +203,8 @@ def check_engine_args(args: argparse.Namespace) -> str | None:
         return "--speculative-ngram-min must not exceed --speculative-ngram-max"
     if args.weights == "gguf" and args.tp > 1:
         return f"--weights gguf runs at one rank: for --tp {args.tp} pass --weights float32 or bfloat16"
+    if args.weights == "gguf" and args.quantization != "auto":
+        return f"--weights gguf keeps the GGUF's blocks: for --quantization {args.quantization} pass --weights float32"
     if args.weights == "gguf" and args.model is not None and not args.model.endswith(".gguf"):
         return f"--weights gguf needs a .gguf model, got {args.model}: pass --weights float32 or bfloat16"
     return None
@@ -212,7 +218,7 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         calculate_kv_scales=args.calculate_kv_scales, dummy_weights=args.dummy_weights,
         attn=args.attn, tp_size=args.tp, cuda_graph_max_bs=args.cuda_graph_max_bs,
         max_running_requests=args.max_running_requests, max_model_len=args.max_model_len, seed=args.seed,
-        pad_eager=args.pad_eager, weights=args.weights, task=args.task,
+        pad_eager=args.pad_eager, weights=args.weights, task=args.task, quantization=args.quantization,
         lora_modules=tuple(args.lora_modules or ()), enable_lora=args.enable_lora, max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
         kernels=KernelConfig(**{name: getattr(args, name) for name in (*KERNEL_SWITCHES, *KERNEL_CHOICES)}),

@@ -1,0 +1,180 @@
+"""FP8 W8A8 GEMM in Triton: `out = x @ W.T` with float8 e4m3 weights and activations.
+
+Two kernels per linear layer: `fp8_quantize` turns the activations into float8 with one scale
+per token (or per token and K-group), then `fp8_gemm` multiplies float8 tiles on the tensor cores
+(fp32 accumulation) and applies the scales:
+
+- per-channel weights (`group` None): one scale per token times one per output row, applied
+  once to the finished fp32 tile;
+- grouped (`group` = the block width, 128 for the 128x128 block checkpoints): BLOCK_K is the
+  group, and each K step's partial product is scaled by that group's token and row scales
+  before it is added (DeepSeek-V3's recipe; the weight's block scales are held one per row).
+
+The layouts and the oracle are kernels/fp8_ref.py's; the result equals `fp8_linear_ref` up to
+fp32 summation order. The launches are a heuristic (`gemm_config`, no measured table yet):
+narrow column tiles for decode rows, so that N / BLOCK_N programs spread the weight stream over
+the SMs. Not yet done: the activation quantization fused into the kernel before (RMSNorm, SiLU),
+split-K for the narrowest layers, and a float8 MoE kernel (experts dequantize: layers/fp8.py).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from minisgl.kernels.fp8_ref import FP8_DTYPE, FP8_MAX, MIN_SCALE
+from minisgl.kernels.impl import num_sms
+
+
+@triton.jit
+def _round_to_e4m3(v):
+    """v (|v| <= 448) rounded to the nearest e4m3 value (ties to even) in fp32 arithmetic: adding
+    and subtracting 2^(e + 20) leaves multiples of the e4m3 step 2^(e - 3) at v's exponent e
+    (2^-9 among the subnormals). For the interpreter, whose fp32 -> float8 cast carries a
+    rounded-up mantissa into the wrong exponent (x / s just below 2^k gives 2^(k - 1)); the cast of
+    the rounded value is then exact."""
+    bits = v.to(tl.int32, bitcast=True)
+    exponent = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
+    magic = ((exponent + 147) << 23).to(tl.float32, bitcast=True)
+    rounded = (tl.abs(v) + magic) - magic
+    return (rounded.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)  # v's sign, -0 too
+
+
+@triton.jit(do_not_specialize=["M"])
+def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_x, stride_q, stride_s,
+                     SPAN: tl.constexpr, BLOCK: tl.constexpr, FMAX: tl.constexpr, SMIN: tl.constexpr,
+                     ROUND_FIRST: tl.constexpr):  # fmt: skip
+    """Program (row, g): columns [g * SPAN, (g + 1) * SPAN) of one row (SPAN = K: the whole row)."""
+    row = tl.program_id(0)
+    start = tl.program_id(1) * SPAN
+    offs = tl.arange(0, BLOCK)
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    for k0 in range(0, SPAN, BLOCK):
+        cols = start + k0 + offs
+        mask = (cols < K) & (k0 + offs < SPAN)
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), FMAX), SMIN)
+    tl.store(s_ptr + row * stride_s + tl.program_id(1), scale)
+    for k0 in range(0, SPAN, BLOCK):
+        cols = start + k0 + offs
+        mask = (cols < K) & (k0 + offs < SPAN)
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        q = tl.clamp(tl.math.div_rn(x, scale), -FMAX, FMAX)
+        if ROUND_FIRST:
+            q = _round_to_e4m3(q)
+        tl.store(q_ptr + row * stride_q + cols, q.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _fp8_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, bias_ptr, M, N, K,
+                     stride_am, stride_bn, stride_cm, stride_asm, stride_bsn,
+                     GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    a_rows = a_ptr + offs_m[:, None] * stride_am
+    b_cols = b_ptr + offs_n[None, :] * stride_bn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + offs_k
+        a = tl.load(a_rows + ks[None, :], mask=mask_m[:, None] & (ks[None, :] < K), other=0.0)
+        b = tl.load(b_cols + ks[:, None], mask=mask_n[None, :] & (ks[:, None] < K), other=0.0)
+        if GROUPED:
+            g = k0 // BLOCK_K
+            sa = tl.load(as_ptr + offs_m * stride_asm + g, mask=mask_m, other=0.0)
+            sb = tl.load(bs_ptr + offs_n * stride_bsn + g, mask=mask_n, other=0.0)
+            acc += tl.dot(a, b) * (sa[:, None] * sb[None, :])
+        else:
+            acc = tl.dot(a, b, acc)
+    if not GROUPED:
+        sa = tl.load(as_ptr + offs_m * stride_asm, mask=mask_m, other=0.0)
+        sb = tl.load(bs_ptr + offs_n * stride_bsn, mask=mask_n, other=0.0)
+        acc = acc * (sa[:, None] * sb[None, :])
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    out = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
+    tl.store(out, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def supported(device: torch.device) -> bool:
+    """float8 tensor-core dots: sm89 (Ada) and later; the CPU interpreter (tests) too."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+class Fp8GemmConfig(NamedTuple):
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def gemm_config(m: int, n: int, sms: int) -> Fp8GemmConfig:
+    """The launch for `m` rows of `n` outputs on `sms` SMs (BLOCK_K is 128, or the group). Decode
+    rows stream the weight: the widest column tile that still gives every SM two programs (Qwen3-8B
+    at one row: 16 columns for o_proj / down_proj / qkv, 64 for gate_up). Not measured yet."""
+    if m <= 16:
+        block_n = next((b for b in (64, 32) if -(-n // b) >= 2 * sms), 16)
+        return Fp8GemmConfig(16, block_n, 4, 5)
+    if m <= 64:
+        return Fp8GemmConfig(64, 64, 4, 4)
+    return Fp8GemmConfig(128, 128, 8, 3)
+
+
+def fp8_quantize(x: torch.Tensor, group: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fp8_ref.quantize_fp8` of x [M, K] in one launch."""
+    assert x.dim() == 2 and x.stride(-1) == 1, x.shape
+    m, k = x.shape
+    span = k if group is None else group
+    groups = -(-k // span)
+    q = torch.empty(m, k, dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty(m, groups, dtype=torch.float32, device=x.device)
+    if m:
+        block = min(triton.next_power_of_2(span), 1024)
+        _quantize_kernel[(m, groups)](x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0),
+                                      SPAN=span, BLOCK=block, FMAX=FP8_MAX, SMIN=MIN_SCALE,
+                                      ROUND_FIRST=x.device.type == "cpu")  # CPU tensors: the interpreter  # fmt: skip
+    return q, scale
+
+
+def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, group: int | None,
+             out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """xq [M, K] float8 with scales xs [M, G] times qweight [N, K] float8 with scales [N, G]
+    (G = 1 per channel, else ceil(K / group)): [M, N] in `out_dtype`."""
+    m, k = xq.shape
+    n = qweight.shape[0]
+    assert qweight.shape[1] == k and qweight.stride(1) == 1 and xq.stride(1) == 1
+    assert scale.shape[0] == n and xs.shape[0] == m and scale.shape[1] == xs.shape[1], (scale.shape, xs.shape)
+    out = torch.empty(m, n, dtype=out_dtype, device=xq.device)
+    if m == 0:
+        return out
+    cfg = gemm_config(m, n, num_sms(xq.device))
+    block_k = 128 if group is None else group
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
+    _fp8_gemm_kernel[grid](
+        xq, xs, qweight, scale, out, bias if bias is not None else out, m, n, k,
+        xq.stride(0), qweight.stride(0), out.stride(0), xs.stride(0), scale.stride(0),
+        GROUPED=group is not None, HAS_BIAS=bias is not None,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return out
+
+
+def fp8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, group: int | None,
+               bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """`fp8_ref.fp8_linear_ref` through the two kernels: x [..., K] -> [..., N] in x's dtype."""
+    shape = x.shape
+    rows = x.reshape(-1, shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    xq, xs = fp8_quantize(rows, group)
+    out = fp8_gemm(xq, xs, qweight, scale, group, x.dtype, bias)
+    return out.reshape(*shape[:-1], qweight.shape[0])

@@ -1,0 +1,75 @@
+"""The compiled FP8 kernels (kernels/fp8_gemm.py) against the torch reference (kernels/fp8_ref.py)
+on the GPU: the activation quantizer bit-for-bit (the compiled cast, not the CPU path's fp32
+rounding), the GEMM per channel and per 128-group on Qwen3-8B's projection shapes at decode and
+prefill row counts, and a float8 checkpoint served on CUDA following the CPU reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minisgl.kernels.fp8_ref import dequantize_fp8, quantize_fp8, quantize_weight_blocks
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+# Qwen3-8B: qkv (4096 -> 6144), o (4096 -> 4096), gate_up (4096 -> 24576), down (12288 -> 4096).
+SHAPES_8B = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("group", [None, 128])
+def test_compiled_quantize_equals_reference(dtype: torch.dtype, group: int | None) -> None:
+    from minisgl.kernels.fp8_gemm import fp8_quantize
+
+    torch.manual_seed(0)
+    x = (torch.randn(37, 4096, device="cuda") * torch.logspace(-4, 2, 4096, device="cuda")).to(dtype)
+    x[0, :4] = torch.tensor([447.9, 127.9, -31.99, 0.0])
+    q, scale = fp8_quantize(x, group)
+    q_ref, scale_ref = quantize_fp8(x, group)
+    torch.testing.assert_close(scale, scale_ref, rtol=0, atol=0)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+@pytest.mark.parametrize("group", [None, 128])
+@pytest.mark.parametrize("rows", [1, 16, 100, 1000])
+@pytest.mark.parametrize("shape", SHAPES_8B)
+def test_compiled_gemm_equals_reference(group: int | None, rows: int, shape: tuple[int, int]) -> None:
+    from minisgl.kernels.fp8_gemm import fp8_gemm
+
+    n, k = shape
+    torch.manual_seed(rows)
+    w = torch.randn(n, k, device="cuda") * 0.02
+    if group is None:
+        qw, ws = quantize_fp8(w)
+    else:
+        qw, blocks = quantize_weight_blocks(w, (128, 128))
+        ws = blocks.repeat_interleave(128, dim=0)[:n].contiguous()
+    x = torch.randn(rows, k, device="cuda")
+    xq, xs = quantize_fp8(x, group)
+    expected = dequantize_fp8(xq, xs, group).double() @ dequantize_fp8(qw, ws, group).double().t()
+    for out_dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 1e-2)):
+        out = fp8_gemm(xq, xs, qw, ws, group, out_dtype)
+        torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol * expected.abs().max().item())
+
+
+def test_fp8_checkpoint_on_cuda_follows_the_cpu_reference(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A tiny 128x128-block checkpoint (tests/fp8_builders.py) on CUDA in fp32 (the Triton GEMM)
+    gives the logits of the CPU engine (the torch reference), within float8 rounding flips."""
+    from minisgl import LLM
+    from minisgl.layers.fp8 import Fp8LinearFn
+    from tests.engine_helpers import forward_logits
+    from tests.fp8_builders import write_fp8_checkpoint
+    from tests.tiny_models import make_tiny_model
+
+    make_tiny_model("qwen3", tmp_path / "float")
+    path = write_fp8_checkpoint(tmp_path / "float", tmp_path / "fp8", "fp8-block")
+    prompts = [[3, 14, 15, 92, 65], list(range(40, 73))]
+    logits = {}
+    for device in ("cpu", "cuda"):
+        llm = LLM(str(path), device=device, dtype="float32", page_size=16, num_pages=64, cuda_graph_max_bs=0)
+        fns = [m._linear for m in llm.engine.model.modules() if isinstance(getattr(m, "_linear", None), Fp8LinearFn)]
+        assert fns and all(fn.impl == ("triton" if device == "cuda" else "torch") for fn in fns)
+        logits[device] = [t.float().cpu() for t in forward_logits(llm.engine, prompts, all_positions=True)]
+        del llm
+    for cpu, cuda in zip(logits["cpu"], logits["cuda"]):
+        torch.testing.assert_close(cuda, cpu, rtol=1e-2, atol=1e-2)
