@@ -79,7 +79,8 @@ def _roofline(args: argparse.Namespace, llm: Any, tok_s: float, bandwidth: float
 
     engine = llm.engine
     kv_bytes = engine.pool.dtype.itemsize  # the pages' storage: 1 for fp8
-    roof = floor(args, bandwidth, tok_s, dtype_bytes=(engine.dtype.itemsize, kv_bytes), model=engine.model)
+    roof = floor(args, bandwidth, tok_s, dtype_bytes=(engine.dtype.itemsize, kv_bytes),
+                 model=engine.model, config=engine.model_config)
     print(f"roofline: {roof['weight_bytes'] / 1e9:.2f} GB of weights and {roof['kv_bytes'] / 1e9:.2f} GB of KV "
           f"over {roof['bandwidth_tb_s']} TB/s = {roof['floor_s']} s ({roof['floor_tok_s']} tok/s); "
           f"this run: {tok_s} tok/s = {100 * roof['fraction_of_floor']:.1f} % of the floor", file=sys.stderr)  # fmt: skip

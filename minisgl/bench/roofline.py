@@ -88,6 +88,8 @@ def weight_bytes(config: ModelConfig, dtype_bytes: int, model: nn.Module | None 
             per_expert += param[0].numel() * size
         else:
             dense += param.numel() * size
+    if stored:  # weights a layer's function holds instead of its parameter (GGUF blocks, FP8)
+        dense += sum(getattr(getattr(m, "_linear", None), "nbytes", 0) for m in model.modules())
     return WeightBytes(dense, per_expert, experts, getattr(config, "num_experts_per_tok", 0) or 0)
 
 
@@ -121,11 +123,12 @@ def _dtype_bytes(args: argparse.Namespace) -> tuple[int, int]:
 
 
 def floor(args: argparse.Namespace, bandwidth: float, measured_tok_s: float | None = None,
-          dtype_bytes: tuple[int, int] | None = None, model: nn.Module | None = None) -> dict[str, Any]:  # fmt: skip
+          dtype_bytes: tuple[int, int] | None = None, model: nn.Module | None = None,
+          config: ModelConfig | None = None) -> dict[str, Any]:  # fmt: skip
     """The floor of the workload `args` describe; `dtype_bytes` (weight, KV bytes per value: what
     an engine actually runs) overrides the flags' reading, and a loaded `model` has its weights
-    counted as stored (see `weight_bytes`)."""
-    config = ModelConfig.from_dir(args.model)
+    counted as stored (see `weight_bytes`), with its `config` (the embedded model has no --model)."""
+    config = config or ModelConfig.from_dir(args.model)
     w_bytes, kv_dtype_bytes = dtype_bytes or _dtype_bytes(args)
     prompts, outputs = make_workload(args)
     # A request of prompt p and n output tokens: its first token comes from prefill, then n - 1

@@ -51,6 +51,7 @@ class Fp8LinearFn:
         assert scale.shape == (qweight.shape[0], groups), (scale.shape, qweight.shape, group)
         self.qweight, self.scale, self.group, self.impl = qweight.contiguous(), scale.float().contiguous(), group, impl
         self.out_features = qweight.shape[0]
+        self.nbytes = self.qweight.numel() + 4 * self.scale.numel()  # what a step reads (bench.roofline)
         self._fn: Callable[..., torch.Tensor] = fp8_linear_ref
         if impl == "triton":
             from minisgl.kernels.fp8_gemm import fp8_linear  # the CPU path never imports triton
