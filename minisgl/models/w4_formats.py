@@ -124,6 +124,7 @@ def _compressed(scheme: W4Scheme, t: dict[str, torch.Tensor], name: str) -> W4We
     _check(packed.shape == (n, -(-k // PACK)), name, f"weight_packed {tuple(packed.shape)} for weight_shape {shape}")
     g = _group_size(scheme, k)
     groups = -(-k // g)
+    _check(k % g == 0, name, f"pack-quantized needs the input size {k} to be a multiple of the group size {g}")
     scale = t["weight_scale"]
     _check(scale.shape == (n, groups), name, f"weight_scale {tuple(scale.shape)}, expected {(n, groups)}")
     values = unpack_columns(packed, k)  # [N, K], signed value + 8
