@@ -77,33 +77,61 @@ def rtn(w: torch.Tensor, group_size: int, sym: bool, perm: torch.Tensor | None =
 
 def gptq(w: torch.Tensor, hessian: torch.Tensor, group_size: int, sym: bool, damp: float = 0.01,
          scale_dtype: torch.dtype = torch.float16) -> Quantized:  # fmt: skip
-    """GPTQ (Frantar et al.): inputs quantized in order, each one's rounding error spread over the
-    inputs not yet quantized through the inverse Hessian of the layer's inputs (H = X^T X). Group
-    scales are fixed from the (error-updated) weights as each group starts. No act-order."""
-    w = w.clone().double()
+    """GPTQ (Frantar et al., 2022): the inputs are quantized in order and each one's rounding
+    error is spread over the inputs not yet quantized through the Cholesky factor of the inverse
+    Hessian of the layer's inputs (H = X^T X over calibration tokens), one group-sized block at a
+    time with the rest updated lazily after each block. A group's scale and zero come from its
+    error-updated weights as the group starts. No act-order."""
+    w = w.clone().float()
     n, k = w.shape
     h = hessian.double().clone()
     dead = torch.diag(h) == 0
     h[dead, dead] = 1
     w[:, dead] = 0
     h += damp * torch.mean(torch.diag(h)) * torch.eye(k, dtype=h.dtype)
-    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
-    g_idx = group_index(k, group_size)
+    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True).float()
     groups = -(-k // group_size)
     scales = torch.empty(n, groups)
     zeros = torch.empty(n, groups, dtype=torch.int32)
     q = torch.empty(n, k, dtype=torch.int32)
-    for col in range(k):
-        g = col // group_size
-        if col % group_size == 0:
-            s, z = group_params(w[:, col:col + group_size].float(), torch.zeros(min(group_size, k - col), dtype=torch.int32), sym, scale_dtype)
-            scales[:, g], zeros[:, g] = s[:, 0], z[:, 0]
-        s, z = scales[:, g].double(), zeros[:, g].double()
-        qc = torch.clamp(torch.round(w[:, col] / s) + z, 0, 15)
-        q[:, col] = qc.to(torch.int32)
-        err = (w[:, col] - (qc - z) * s) / hinv[col, col]
-        w[:, col + 1:] -= err[:, None] * hinv[col, col + 1:][None, :]
-    return Quantized(q, scales, zeros, g_idx)
+    for g in range(groups):
+        b0, b1 = g * group_size, min((g + 1) * group_size, k)
+        block = w[:, b0:b1].clone()
+        s, z = group_params(block, torch.zeros(b1 - b0, dtype=torch.int32), sym, scale_dtype)
+        scales[:, g], zeros[:, g] = s[:, 0], z[:, 0]
+        s, z = s[:, 0], z[:, 0].float()
+        errors = torch.empty_like(block)
+        sub = hinv[b0:b1, b0:b1]
+        for i in range(b1 - b0):
+            qc = torch.clamp(torch.round(block[:, i] / s) + z, 0, 15)
+            q[:, b0 + i] = qc.to(torch.int32)
+            err = (block[:, i] - (qc - z) * s) / sub[i, i]
+            block[:, i:] -= err[:, None] * sub[i, i:][None, :]
+            errors[:, i] = err
+        w[:, b1:] -= errors @ hinv[b0:b1, b1:]
+    return Quantized(q, scales, zeros, group_index(k, group_size))
+
+
+def collect_hessians(model_dir: Path, sequences: list[list[int]]) -> dict[str, torch.Tensor]:
+    """H = X^T X of every decoder linear layer's inputs (by checkpoint weight name) over the
+    calibration sequences, from transformers running the float model (fp32, CPU)."""
+    import transformers as tf
+
+    model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hessians: dict[str, torch.Tensor] = {}
+    hooks = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in LINEARS:
+            def hook(mod, args, key=f"{name}.weight"):  # type: ignore[no-untyped-def]
+                x = args[0].reshape(-1, args[0].shape[-1]).double()
+                hessians[key] = hessians.get(key, 0) + x.T @ x
+            hooks.append(module.register_forward_pre_hook(hook))
+    with torch.no_grad():
+        for ids in sequences:
+            model(torch.tensor([ids]))
+    for handle in hooks:
+        handle.remove()
+    return hessians
 
 
 def _pack_k(values: torch.Tensor) -> torch.Tensor:
@@ -152,6 +180,16 @@ def ct_tensors(qz: Quantized, sym: bool) -> dict[str, torch.Tensor]:
     return out
 
 
+def format_tensors(fmt: str, qz: Quantized, sym: bool) -> dict[str, torch.Tensor]:
+    """One layer's tensors in `fmt`'s layout, by suffix."""
+    if fmt == "gptq":
+        return gptq_tensors(qz)
+    if fmt == "awq":
+        return awq_tensors(qz)
+    assert fmt == "compressed-tensors"
+    return ct_tensors(qz, sym)
+
+
 def quantization_config(fmt: str, group_size: int, sym: bool, desc_act: bool = False) -> dict:
     if fmt == "gptq":
         return {"quant_method": "gptq", "bits": 4, "group_size": group_size, "sym": sym, "desc_act": desc_act,
@@ -196,8 +234,7 @@ def write_w4_checkpoint(src: Path, dst: Path, fmt: str, group_size: int, sym: bo
         else:
             perm = torch.randperm(w.shape[1], generator=gen) if desc_act else None
             qz = rtn(w, group_size, sym, perm, torch.float32 if fmt == "compressed-tensors" else torch.float16)
-        tensors = {"gptq": lambda: gptq_tensors(qz), "awq": lambda: awq_tensors(qz),
-                   "compressed-tensors": lambda: ct_tensors(qz, sym)}[fmt]()  # fmt: skip
+        tensors = format_tensors(fmt, qz, sym)
         for suffix, value in tensors.items():
             out[f"{prefix}.{suffix}"] = value
         dequantized[name] = qz.dequantize()

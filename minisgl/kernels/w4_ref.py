@@ -53,7 +53,7 @@ class W4Weight:
             return self.g_idx.long()
         return torch.arange(self.in_features, device=self.qweight.device) // self.group_size
 
-    def to(self, device: torch.device, scale_dtype: torch.dtype | None = None) -> "W4Weight":
+    def to(self, device: torch.device, scale_dtype: torch.dtype | None = None) -> W4Weight:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device)
 

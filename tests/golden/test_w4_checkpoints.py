@@ -67,7 +67,7 @@ def _packed_layers(llm: LLM) -> int:
 
 
 def test_greedy_and_logits_equal_dequantized(checkpoint) -> None:
-    (arch, fmt, sym, desc_act), path, hf = checkpoint
+    (_, fmt, _, _), path, hf = checkpoint
     llm = LLM(str(path), device="cpu", dtype="float32", page_size=4, num_pages=128)
     assert _packed_layers(llm) == 4 * llm.engine.model_config.num_layers  # qkv, o, gate_up, down
     params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
@@ -112,7 +112,7 @@ def test_partly_quantized_fused_layer_is_refused(sources, tmp_path) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_triton_path_equals_dequantized(checkpoint) -> None:
-    (arch, fmt, sym, desc_act), path, hf = checkpoint
+    (_, fmt, _, _), path, hf = checkpoint
     llm = LLM(str(path), device="cuda", dtype="float32", page_size=16, num_pages=64)
     layers = [m._linear for m in llm.engine.model.modules() if isinstance(getattr(m, "_linear", None), W4LinearFn)]
     assert layers and all(fn.impl == "triton" for fn in layers)

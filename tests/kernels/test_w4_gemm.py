@@ -17,9 +17,9 @@ import torch
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-from minisgl.kernels import w4_gemm as w4_gemm_module  # noqa: E402
-from minisgl.kernels.w4_gemm import w4_gemm  # noqa: E402
-from minisgl.kernels.w4_ref import W4Weight, dequantize, pack_rows, w4_linear_ref  # noqa: E402
+from minisgl.kernels import w4_gemm as w4_gemm_module
+from minisgl.kernels.w4_gemm import w4_gemm
+from minisgl.kernels.w4_ref import W4Weight, dequantize, pack_rows, w4_linear_ref
 
 CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(

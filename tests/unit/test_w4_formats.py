@@ -5,13 +5,29 @@ from __future__ import annotations
 
 import pytest
 import torch
-from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+from compressed_tensors.compressors.pack_quantized.base import (
+    PackedQuantizationCompressor,
+)
 from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
-from minisgl.kernels.w4_ref import W4Weight, concat_outputs, dequantize, pack_rows, unpack_rows, w4_linear_ref
+from minisgl.kernels.w4_ref import (
+    W4Weight,
+    concat_outputs,
+    dequantize,
+    pack_rows,
+    unpack_rows,
+    w4_linear_ref,
+)
 from minisgl.models.quant_config_w4 import W4Scheme, parse_w4_scheme
 from minisgl.models.w4_formats import AWQ_ORDER, to_w4, unpack_columns
-from tests.w4_builders import awq_tensors, ct_tensors, gptq_tensors, quantization_config, rtn
+from tests.w4_builders import (
+    awq_tensors,
+    ct_tensors,
+    format_tensors,
+    gptq_tensors,
+    quantization_config,
+    rtn,
+)
 
 
 def _scheme(fmt: str, group: int = 32, sym: bool = True, desc_act: bool = False) -> W4Scheme:
@@ -94,8 +110,7 @@ def test_round_trip_each_format(fmt: str, sym: bool, desc_act: bool) -> None:
     w = torch.randn(40, 96, generator=gen)
     perm = torch.randperm(96, generator=gen) if desc_act else None
     qz = rtn(w, 32, sym, perm, torch.float32 if fmt == "compressed-tensors" else torch.float16)
-    tensors = {"gptq": lambda: gptq_tensors(qz), "awq": lambda: awq_tensors(qz),
-               "compressed-tensors": lambda: ct_tensors(qz, sym)}[fmt]()  # fmt: skip
+    tensors = format_tensors(fmt, qz, sym)
     weight = to_w4(_scheme(fmt, 32, sym, desc_act), tensors, "layer")
     assert (weight.in_features, weight.out_features) == (96, 40)
     assert (weight.g_idx is not None) == desc_act  # a trivial g_idx is dropped
