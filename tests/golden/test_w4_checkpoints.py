@@ -109,6 +109,25 @@ def test_partly_quantized_fused_layer_is_refused(sources, tmp_path) -> None:
         LLM(str(tmp_path), device="cpu", dtype="float32", page_size=4, num_pages=16)
 
 
+def test_gptq_zero_biases_are_dropped_and_real_ones_refused(sources, tmp_path) -> None:
+    """auto-gptq writes an all-zero bias for every quantized layer, with or without one in the
+    model: those are dropped; a nonzero bias the model has no place for is an error."""
+    from safetensors.torch import load_file, save_file
+
+    write_w4_checkpoint(sources["llama"], tmp_path, "gptq", GROUP, sym=True)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    for name in [n for n in state if n.endswith(".qweight")]:
+        state[name.replace(".qweight", ".bias")] = torch.zeros(state[name].shape[1], dtype=torch.float16)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    llm = LLM(str(tmp_path), device="cpu", dtype="float32", page_size=4, num_pages=16)
+    assert _packed_layers(llm) == 8
+    del llm
+    state["model.layers.1.mlp.down_proj.bias"][0] = 1.0
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="down_proj.bias"):
+        LLM(str(tmp_path), device="cpu", dtype="float32", page_size=4, num_pages=16)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_triton_path_equals_dequantized(checkpoint) -> None:

@@ -164,3 +164,22 @@ def test_concat_outputs_joins_equal_groups_only() -> None:
     joined = concat_outputs(parts)[0]
     x = torch.randn(2, 64)
     torch.testing.assert_close(w4_linear_ref(x, joined), torch.cat([w4_linear_ref(x, p) for p in parts], dim=-1))
+
+
+def test_collector_only_for_4bit_checkpoints_at_one_rank(tmp_path) -> None:
+    import json
+
+    from minisgl.distributed import TPInfo, get_tp_info, set_tp_info
+    from minisgl.models.w4_weights import W4Collector
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    assert W4Collector.for_checkpoint(torch.nn.Linear(2, 2), tmp_path) is None
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": quantization_config("gptq", 128, True)}))
+    assert W4Collector.for_checkpoint(torch.nn.Linear(2, 2), tmp_path) is not None
+    before = get_tp_info()
+    set_tp_info(TPInfo(0, 2))
+    try:
+        with pytest.raises(ValueError, match="one rank"):
+            W4Collector.for_checkpoint(torch.nn.Linear(2, 2), tmp_path)
+    finally:
+        set_tp_info(before)
