@@ -81,12 +81,22 @@ def unpack_rows(qweight: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def dequantize(w: W4Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The float weight [N, K] (as `F.linear` takes it), computed in fp32 and then cast."""
-    q = unpack_rows(w.qweight, w.in_features).float()
-    groups = w.groups()
-    scales = w.scales.float()[groups]
-    zeros = w.zeros.float()[groups]
-    return ((q - zeros) * scales).t().to(dtype)
+    """The float weight [N, K] (as `F.linear` takes it, a transposed view), computed in fp32 as
+    (q - zero) * scale and then cast."""
+    k, n = w.in_features, w.out_features
+    if w.g_idx is not None:
+        q = unpack_rows(w.qweight, k).float()
+        groups = w.groups()
+        return q.sub_(w.zeros[groups].float()).mul_(w.scales.float()[groups]).t().to(dtype)
+    # Contiguous groups: broadcast each group's row of scales / zeros over its inputs.
+    num_groups = w.scales.shape[0]
+    padded = num_groups * w.group_size
+    q = unpack_rows(w.qweight, min(padded, w.qweight.shape[0] * PACK)).float()
+    if q.shape[0] < padded:
+        q = torch.cat([q, q.new_zeros(padded - q.shape[0], n)])
+    q = q.view(num_groups, w.group_size, n)
+    q.sub_(w.zeros.float().unsqueeze(1)).mul_(w.scales.float().unsqueeze(1))
+    return q.view(padded, n)[:k].t().to(dtype)
 
 
 def w4_linear_ref(x: torch.Tensor, w: W4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -99,12 +99,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def can_fold_norms(self) -> bool:
-        """Whether `fold_norms` applies: a dense MLP, no projection biases, and the Triton kernels
-        that finish the norms (rotary storing k/v, SiLU)."""
+        """Whether `fold_norms` applies: a dense MLP, no projection biases, float qkv / gate_up
+        weights (not held packed by a weight fn: 4-bit, GGUF), and the Triton kernels that finish
+        the norms (rotary storing k/v, SiLU)."""
         attn, mlp = self.self_attn, self.mlp
         return (
             isinstance(mlp, MLP)
             and all(p.bias is None for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+            and not (attn.qkv_proj.weight_held_by_fn or mlp.gate_up_proj.weight_held_by_fn)
             and attn.rotary.stores_kv
             and getattr(mlp.act, "impl", None) == "triton"
         )
