@@ -134,6 +134,21 @@ def collect_hessians(model_dir: Path, sequences: list[list[int]]) -> dict[str, t
     return hessians
 
 
+def calibration_sequences(model_dir: Path, count: int = 8, length: int = 160) -> list[list[int]]:
+    """Text the fp32 model writes itself: one batch sampled (temperature 1, top-k 50, seeded)
+    after a neutral opening."""
+    import transformers as tf
+
+    tokenizer = tf.AutoTokenizer.from_pretrained(model_dir)
+    model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = tokenizer("The", return_tensors="pt").input_ids.repeat(count, 1)
+    torch.manual_seed(1000)
+    with torch.no_grad():
+        out = model.generate(ids, do_sample=True, top_k=50, temperature=1.0, max_new_tokens=length - ids.shape[1],
+                             min_new_tokens=length - ids.shape[1], pad_token_id=0)  # fmt: skip
+    return out.tolist()
+
+
 def _pack_k(values: torch.Tensor) -> torch.Tensor:
     """[K, N] 0..15 -> int32 [K/8, N], input 8r + j in bits 4j of row r."""
     k, n = values.shape
