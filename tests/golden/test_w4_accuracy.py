@@ -28,6 +28,8 @@ from tests.w4_builders import write_w4_checkpoint
 
 GROUP = 128
 SYM = False
+
+
 def measure(model_dir: Path) -> tuple[float, list]:
     llm = LLM(str(model_dir), device="cpu", dtype="float32")
     ids = llm.tokenizer.encode(TEXT.read_text(encoding="utf-8"))
