@@ -5,8 +5,8 @@ layers packed (fp32 activations), against the fp32 model: issue 25's bar is the 
 tests/data/kjv_genesis.txt (2,521 tokens) within 2 % and the chat prompts' greedy answers equal
 for their first 16 tokens (as tests/golden/test_fp8_kv.py). Run with `-s` for the figures.
 
-Measured 2026-12-01 (on the dequantized weights, which the packed engine equals to fp32 rounding:
-tests/golden/test_w4_checkpoints.py): perplexity 9.652 against 5.401 (+78.7 %), and the six
+Measured 2026-12-01 through the packed engine (`python -m pytest -s tests/golden/test_w4_accuracy.py`,
+4 min 46 s): perplexity 9.652 against 5.401 (+78.7 %), and the six
 answers agree with fp32 for 6 (of 8), 1, 0, 8, 0 and 0 tokens. Plain RTN int4 does not reach the
 bar on this 135M model, whose fp32 reference is itself a Q4_1 (group 32) model; the bar stays and
 the two bar tests are strict xfails: they turn red the day a quantizer passes them. A GPTQ
