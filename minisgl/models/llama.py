@@ -99,8 +99,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def can_fold_norms(self) -> bool:
-        """Whether `fold_norms` applies: a dense MLP, no projection biases, and the Triton kernels
-        that finish the norms (rotary storing k/v, SiLU)."""
+        """Whether `fold_norms` applies: a dense MLP, no projection biases, float qkv / gate_up
+        weights (not held packed by a weight fn: 4-bit, GGUF), and the Triton kernels that finish
+        the norms (rotary storing k/v, SiLU)."""
         attn, mlp = self.self_attn, self.mlp
         return (
             isinstance(mlp, MLP)

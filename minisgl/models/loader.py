@@ -128,13 +128,17 @@ def load_weights(model: nn.Module, model_dir: Path, show_progress: bool = True) 
     (empty for most checkpoints; a float8 KV pool uses them). `--weights gguf` loads with
     models/gguf_weights.py instead, which reuses `load_tensor` and `check_complete`."""
     from minisgl.distributed import get_tp_info
+    from minisgl.models.w4_weights import W4Collector
 
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
     kv_scales: dict[int, dict[str, float]] = {}
     # With TP, sharded layers read only their rank's slice from the file.
     lazy = get_tp_info().size > 1
+    w4 = W4Collector.for_checkpoint(model, model_dir)  # 4-bit layers kept packed (models/w4_weights.py)
     for name, tensor in iter_checkpoint(model_dir, show_progress, lazy=lazy):
+        if w4 is not None and w4.take(name, tensor):
+            continue
         scale_of = kv_scale_target(name)
         if scale_of is not None:
             value = tensor.materialize() if isinstance(tensor, LazyTensor) else tensor
@@ -143,6 +147,8 @@ def load_weights(model: nn.Module, model_dir: Path, show_progress: bool = True) 
                 kv_scales.setdefault(layer, {})[part] = float(value.float().max())
             continue
         load_tensor(model, params, name, tensor, loaded)
+    if w4 is not None:
+        w4.finish(loaded)
     check_complete(model, loaded, f"checkpoint in {model_dir}")
     return {layer: (parts.get("k", 1.0), parts.get("v", 1.0)) for layer, parts in kv_scales.items()}
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from minisgl.models.quant_config_w4 import W4Scheme, parse_w4_scheme
+
 WeightGranularity = Literal["tensor", "channel", "block"]
 # Dynamic activation scales: one per token, or one per token and K-group (the block's width).
 ActivationGranularity = Literal["token", "group"]
@@ -52,8 +54,8 @@ class Fp8Scheme:
         return self.block[1] if self.activation == "group" and self.block is not None else None
 
 
-# h-w4 adds the 4-bit schemes here: QuantScheme = Fp8Scheme | Int4Scheme.
-QuantScheme = Fp8Scheme
+# A checkpoint's quantized linear weights: FP8 (W8A8, layers/fp8.py) or 4-bit (W4A16, layers/w4.py).
+QuantScheme = Fp8Scheme | W4Scheme
 
 
 def load_time_fp8() -> Fp8Scheme:
@@ -68,12 +70,14 @@ def parse_quant_config(cfg: dict[str, Any] | None) -> QuantScheme | None:
     method = cfg.get("quant_method")
     if method == "fp8":
         return _parse_fp8(cfg)
+    if method in ("awq", "gptq") or (method == "compressed-tensors" and cfg.get("format") == "pack-quantized"):
+        return parse_w4_scheme({"quantization_config": cfg})
     if method == "compressed-tensors":
         return _parse_compressed_tensors(cfg)
     if method == "mxfp4":
         return None  # GPT-OSS's MXFP4 experts: the family reads them (ModelConfig.mxfp4_experts, layers/moe_swiglu.py)
-    raise ValueError(f"unsupported quantization_config quant_method {method!r}; minisgl runs fp8 and "
-                     "compressed-tensors float-quantized (FP8) checkpoints")  # fmt: skip
+    raise ValueError(f"unsupported quantization_config quant_method {method!r}; minisgl runs fp8, awq, gptq "
+                     "and compressed-tensors float-quantized (FP8) / pack-quantized (int4) checkpoints")  # fmt: skip
 
 
 def _parse_fp8(cfg: dict[str, Any]) -> Fp8Scheme:

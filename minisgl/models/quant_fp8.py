@@ -49,7 +49,7 @@ def load_checkpoint(model: nn.Module, model_dir: Path, show_progress: bool = Tru
     """`loader.load_weights`, with the layers a float8 checkpoint (the config's `quantization`)
     stores in float8 prepared before and finished after. Returns the KV cache scales."""
     scheme = getattr(model.config, "quantization", None)
-    if scheme is None:
+    if not isinstance(scheme, Fp8Scheme):  # float weights, or 4-bit ones (the loader's W4Collector)
         return load_weights(model, model_dir, show_progress)
     plan = prepare_fp8(model, model_dir, scheme)
     kv_scales = load_weights(model, model_dir, show_progress)
