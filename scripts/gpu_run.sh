@@ -20,6 +20,7 @@
 #            bench offline prints (KV + weight bytes over the copy bandwidth measured there)
 #   moe2     issue 26's shapes on the same workload: GPT-OSS-20B and DeepSeek-V2-Lite (MOE2_MODELS),
 #            each beside its floor (the experts a step routes to counted)
+#   spec     issue 27: a bs=1 verify step of K=4 n-gram proposals vs a plain decode step (bench spec --verify-cost)
 #   hf       Hugging Face transformers' continuous batching as a peer (32 seqs)
 #   tp       two GPUs: the TP parity tests, then Qwen3-8B at TP=1 and TP=2
 #   peer     the nano-vllm peer bundle (.peer/run_peer.sh, see shared/peers/nano-vllm) on the same
@@ -194,6 +195,11 @@ if has moe2; then  # issue 26: GPT-OSS-20B's and DeepSeek-V2-Lite's shapes, each
         bench "$model" 200 --model "configs/$model" --dummy-weights --num-seqs 256 --min-input 100 --max-input 1024 \
             --min-output 100 --max-output 1024 --seed 0
     done
+fi
+if has spec; then  # issue 27: one bs=1 step verifying K=4 proposals (decode graphs) against a plain decode step
+    echo "== spec verify cost: python -m minisgl.bench spec --verify-cost $Q06 --speculative-algorithm ngram --num-speculative-tokens 4"
+    run 120 python3 -m minisgl.bench spec --verify-cost $Q06 --speculative-algorithm ngram --num-speculative-tokens 4 \
+        2>>"$OUT/bench.err" | tee "$OUT/spec.jsonl"
 fi
 has hf && bench hf-peer-32seq 200 --model configs/qwen3-0.6b --dummy-weights --num-seqs 32 --seed 0 --peer hf
 if has tp; then  # two GPUs: TP=2 == TP=1 (fp32 tiny models, NCCL), then Qwen3-8B TP=1 vs TP=2
