@@ -71,7 +71,11 @@ def parse_quant_config(cfg: dict[str, Any] | None) -> QuantScheme | None:
     if method == "fp8":
         return _parse_fp8(cfg)
     if method in ("awq", "gptq") or (method == "compressed-tensors" and cfg.get("format") == "pack-quantized"):
-        return parse_w4_scheme({"quantization_config": cfg})
+        w4 = parse_w4_scheme({"quantization_config": cfg})
+        if w4 is None:
+            raise ValueError(f"{method} {cfg.get('format') or ''} quantization_config without int4 weight groups: "
+                             "minisgl reads 4-bit pack-quantized, AWQ and GPTQ weights")  # fmt: skip
+        return w4
     if method == "compressed-tensors":
         return _parse_compressed_tensors(cfg)
     if method == "mxfp4":
