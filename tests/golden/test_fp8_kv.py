@@ -7,6 +7,7 @@ on such a near-tie, 0.082 nats, that float8's 3-bit mantissa flips: docs/quantiz
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -26,6 +27,28 @@ def perplexity(llm: LLM, ids: list[int]) -> float:
     assert entries is not None and entries[0] is None and len(entries) == len(ids)
     nll = [-entries[i][tok].logprob for i, tok in enumerate(ids) if i > 0]  # type: ignore[index]
     return math.exp(sum(nll) / len(nll))
+
+
+def measure(llm: LLM) -> tuple[float, list]:
+    """(perplexity on TEXT, the chat prompts' greedy answers of AGREE_TOKENS tokens) of `llm`."""
+    ids = llm.tokenizer.encode(TEXT.read_text(encoding="utf-8"))
+    assert len(ids) >= 2000
+    params = SamplingParams(temperature=0, max_tokens=AGREE_TOKENS, logprobs=3)
+    answers = [o.outputs[0] for o in llm.chat(CONVERSATIONS, params, use_tqdm=False)]
+    return perplexity(llm, ids), answers
+
+
+@functools.cache
+def float32_reference() -> tuple[float, list]:
+    """`measure` of the embedded model dequantized to fp32 (the exact mode), once per test run:
+    the FP8-weight and 4-bit accuracy tests compare with it."""
+    llm = LLM(device="cpu", weights="float32")
+    held = [m for m in llm.engine.model.modules() if getattr(m, "weight_held_by_fn", False)]
+    assert not held, "the fp32 reference must keep every linear weight as a float parameter"
+    try:
+        return measure(llm)
+    finally:
+        del llm
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from minisgl import LLM, SamplingParams
+from minisgl import LLM
 from minisgl.layers.fp8 import Fp8LinearFn
 from tests.golden.test_embedded_parity import CONVERSATIONS
-from tests.golden.test_fp8_kv import perplexity
+from tests.golden.test_fp8_kv import float32_reference, measure
 
 TEXT = Path(__file__).parent.parent / "data" / "kjv_genesis.txt"
 AGREE_TOKENS = 16
@@ -29,17 +29,12 @@ AGREE_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def runs() -> dict[str, tuple[float, list]]:
-    results = {}
-    for quantization in ("auto", "fp8"):
-        llm = LLM(device="cpu", weights="float32", quantization=quantization)
-        fp8_layers = [m for m in llm.engine.model.modules() if isinstance(getattr(m, "_linear", None), Fp8LinearFn)]
-        assert len(fp8_layers) == (0 if quantization == "auto" else 4 * llm.engine.model_config.num_layers)
-        ids = llm.tokenizer.encode(TEXT.read_text(encoding="utf-8"))
-        assert len(ids) >= 2000
-        params = SamplingParams(temperature=0, max_tokens=AGREE_TOKENS, logprobs=3)
-        answers = [o.outputs[0] for o in llm.chat(CONVERSATIONS, params, use_tqdm=False)]
-        results[quantization] = (perplexity(llm, ids), answers)
-        del llm
+    results = {"auto": float32_reference()}  # the fp32 model, measured once per test run
+    llm = LLM(device="cpu", weights="float32", quantization="fp8")
+    fp8_layers = [m for m in llm.engine.model.modules() if isinstance(getattr(m, "_linear", None), Fp8LinearFn)]
+    assert len(fp8_layers) == 4 * llm.engine.model_config.num_layers
+    results["fp8"] = measure(llm)
+    del llm
     return results
 
 

@@ -23,7 +23,7 @@ import pytest
 from minisgl import LLM, SamplingParams
 from minisgl.models.source import resolve_model_dir
 from tests.golden.test_embedded_parity import CONVERSATIONS
-from tests.golden.test_fp8_kv import AGREE_TOKENS, TEXT, perplexity
+from tests.golden.test_fp8_kv import AGREE_TOKENS, TEXT, float32_reference, perplexity
 from tests.w4_builders import write_w4_checkpoint
 
 GROUP = 128
@@ -44,7 +44,7 @@ def measure(model_dir: Path) -> tuple[float, list]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, tuple[float, list]]:
     src = resolve_model_dir(None)
-    results = {"fp32": measure(src)}
+    results = {"fp32": float32_reference()}  # the embedded model dequantized to fp32, measured once per run
     path = tmp_path_factory.mktemp("smollm2-w4-rtn")
     write_w4_checkpoint(src, path, "gptq", GROUP, SYM)
     results["rtn"] = measure(path)
