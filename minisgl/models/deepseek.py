@@ -32,7 +32,7 @@ from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding
 from minisgl.models.config import ModelConfig
 from minisgl.models.config_deepseek import DeepseekConfig
-from minisgl.models.llama import MLP, LlamaForCausalLM
+from minisgl.models.llama import MLP, LlamaForCausalLM, PreNormLayer
 
 _LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers builds them with its default eps
 
@@ -95,7 +95,7 @@ class LatentSelfAttention(nn.Module):
         return self.o_proj(out)
 
 
-class DeepseekDecoderLayer(nn.Module):
+class DeepseekDecoderLayer(PreNormLayer):
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()
         mla = _mla(config)
@@ -113,18 +113,6 @@ class DeepseekDecoderLayer(nn.Module):
             self.mlp = MLP(config.hidden_size, config.intermediate_size, config.hidden_act)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
 
 
 class DeepseekV2ForCausalLM(LlamaForCausalLM):

@@ -22,7 +22,7 @@ from minisgl.layers.linear import RowParallelLinear
 from minisgl.layers.moe_swiglu import MXFP4_STACKED_PARAMS, GptOssMoeBlock
 from minisgl.layers.norm import RMSNorm
 from minisgl.models.config import ModelConfig
-from minisgl.models.llama import LlamaForCausalLM, SelfAttention
+from minisgl.models.llama import LlamaForCausalLM, PreNormLayer, SelfAttention
 
 
 class GptOssAttention(SelfAttention):
@@ -44,7 +44,7 @@ class GptOssAttention(SelfAttention):
         param.data.copy_(loaded.narrow(0, self.tp_rank * size, size))
 
 
-class GptOssDecoderLayer(nn.Module):
+class GptOssDecoderLayer(PreNormLayer):
     """Pre-norm attention and MoE, the residual stream as `DecoderModel` carries it."""
 
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
@@ -57,18 +57,6 @@ class GptOssDecoderLayer(nn.Module):
         )  # fmt: skip
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
 
 
 _QKV: dict[str, tuple[str, str | int]] = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"),

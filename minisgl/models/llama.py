@@ -90,7 +90,25 @@ class MLP(nn.Module):
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
-class DecoderLayer(nn.Module):
+class PreNormLayer(nn.Module):
+    """A pre-norm decoder layer on the residual stream as `DecoderModel` carries it: subclasses set
+    `self_attn`, `mlp`, `input_layernorm` and `post_attention_layernorm` (Llama's, GPT-OSS's,
+    DeepSeek's)."""
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderLayer(PreNormLayer):
     def __init__(self, config: ModelConfig, layer_id: int, mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.self_attn = SelfAttention(config, layer_id)
@@ -135,17 +153,6 @@ class DecoderLayer(nn.Module):
         act = self.mlp.act(self.mlp.gate_up_proj(hidden), row_norm=(hidden, self.post_attention_layernorm.eps))
         return self.mlp.down_proj.add_to_(hidden, act)
 
-    def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
 
 
 class DecoderModel(nn.Module):
