@@ -9,7 +9,7 @@ import json
 import time
 from typing import Any
 
-from minisgl.bench.roofline import floor, measure_bandwidth
+from minisgl.bench.roofline import bandwidth_of, floor
 from minisgl.bench.workload import add_workload_args, make_workload
 from minisgl.core import SamplingParams
 from minisgl.server.engine_args import add_engine_args, check_engine_args, engine_config, scheduler_config
@@ -43,7 +43,7 @@ def run_minisgl(
     args: argparse.Namespace, prompts: list[list[int]], outputs: list[int], tp_rank: int = 0, rdzv: Any = None
 ) -> dict[str, Any]:
     # Measured before the engine takes the device's memory for its KV pool.
-    bandwidth = _bandwidth(args) if args.roofline and args.tp == 1 else None
+    bandwidth = bandwidth_of(args) if args.roofline and args.tp == 1 else None
     llm, _store = make_llm(args, tp_rank, rdzv)
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n) for n in outputs]
     llm.engine.platform.synchronize()
@@ -58,18 +58,6 @@ def run_minisgl(
     if bandwidth is not None:
         record.update(_roofline(args, llm, record["output_tok_s"], bandwidth))
     return record
-
-
-def _bandwidth(args: argparse.Namespace) -> float:
-    """--bandwidth (TB/s) in bytes/s, else a copy timed on the device (its buffers freed after)."""
-    if args.bandwidth:
-        return float(args.bandwidth * 1e12)
-    from minisgl.platform import init_platform
-
-    platform = init_platform(args.device)
-    bandwidth = measure_bandwidth(platform)
-    platform.empty_cache()
-    return bandwidth
 
 
 def _roofline(args: argparse.Namespace, llm: Any, tok_s: float, bandwidth: float) -> dict[str, Any]:

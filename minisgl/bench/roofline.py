@@ -54,6 +54,11 @@ class WeightBytes(NamedTuple):
     num_experts: int
     top_k: int
 
+    @property
+    def total(self) -> int:
+        """Every parameter byte, as if a step touched every expert."""
+        return self.dense + self.per_expert * self.num_experts
+
     def per_step(self, batch: int) -> float:
         """Bytes one decode step of `batch` tokens reads: with routing spread evenly, a token misses
         a given expert with probability 1 - k/E, so a step touches E * (1 - (1 - k/E)^batch)
@@ -95,8 +100,7 @@ def weight_bytes(config: ModelConfig, dtype_bytes: int, model: nn.Module | None 
 
 def weight_bytes_per_step(config: ModelConfig, dtype_bytes: int) -> int:
     """Every parameter byte a decode step would read if it touched every expert."""
-    w = weight_bytes(config, dtype_bytes)
-    return w.dense + w.per_expert * w.num_experts
+    return weight_bytes(config, dtype_bytes).total
 
 
 def measure_bandwidth(platform: BasePlatform, iters: int = 20) -> float:
@@ -112,6 +116,17 @@ def measure_bandwidth(platform: BasePlatform, iters: int = 20) -> float:
         dst.copy_(src)
     platform.synchronize()
     return 2 * src.numel() * iters / (time.perf_counter() - start)
+
+
+def bandwidth_of(args: argparse.Namespace) -> float:
+    """--bandwidth (TB/s) in bytes/s, else a copy timed on --device (its buffers handed back, so an
+    engine built after sizes its KV pool as without it)."""
+    if args.bandwidth:
+        return float(args.bandwidth * 1e12)
+    platform = init_platform(args.device)
+    bandwidth = measure_bandwidth(platform)
+    platform.empty_cache()
+    return bandwidth
 
 
 def _dtype_bytes(args: argparse.Namespace) -> tuple[int, int]:
@@ -146,7 +161,7 @@ def floor(args: argparse.Namespace, bandwidth: float, measured_tok_s: float | No
     tokens = sum(outputs)
     record = {
         "model": args.model, "output_tokens": tokens, "decode_steps": steps, "kv_bytes": kv,
-        "weight_bytes_per_step": wb.dense + wb.per_expert * wb.num_experts, "weight_bytes": round(weights),
+        "weight_bytes_per_step": wb.total, "weight_bytes": round(weights),
         "bandwidth_tb_s": round(bandwidth / 1e12, 3), "floor_s": round(seconds, 3),
         "floor_tok_s": round(tokens / seconds, 1),
     }  # fmt: skip
@@ -165,11 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bandwidth", type=float, default=None, help="TB/s (default: measured on the device)")
     parser.add_argument("--measured", type=float, default=None, help="a run's output tok/s, to print its share")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.bandwidth is not None:
-        bandwidth = args.bandwidth * 1e12
-    else:
-        bandwidth = measure_bandwidth(init_platform(args.device))
-    record = floor(args, bandwidth, args.measured)
+    record = floor(args, bandwidth_of(args), args.measured)
     print(json.dumps(record))
     return 0
 
