@@ -11,7 +11,8 @@ per token (or per token and K-group), then `fp8_gemm` multiplies float8 tiles on
   before it is added (DeepSeek-V3's recipe; the weight's block scales are held one per row).
 
 The layouts and the oracle are kernels/fp8_ref.py's; the result equals `fp8_linear_ref` up to
-fp32 summation order. The launches are a heuristic (`gemm_config`, no measured table yet):
+fp32 summation order, on sm90 too: each float8 WGMMA's partial sum is promoted to the fp32
+accumulator (`PROMOTE_EVERY`), not left in the tensor core's ~14-bit one for the whole K loop. The launches are a heuristic (`gemm_config`, no measured table yet):
 narrow column tiles for decode rows, so that N / BLOCK_N programs spread the weight stream over
 the SMs. Not yet done: the activation quantization fused into the kernel before (RMSNorm, SiLU),
 split-K for the narrowest layers, and a float8 MoE kernel (experts dequantize: layers/fp8.py).
@@ -27,6 +28,14 @@ import triton.language as tl
 
 from minisgl.kernels.fp8_ref import FP8_DTYPE, FP8_MAX, MIN_SCALE
 from minisgl.kernels.impl import num_sms
+
+# Products a Hopper (sm90) float8 WGMMA may sum in its own accumulator before the partial sum is
+# added to the fp32 one: 32, one instruction's K. The accumulator of a float8 WGMMA keeps about
+# 14 mantissa bits, and Triton's sm90 default (2^30) chains every K step of a `tl.dot` in it, so
+# a 4096-long row lost ~1e-3 of its value (the GPU test's 1,000-row failure) and even one 128-group
+# tile was just past 1e-4. At 32 each instruction's partial sum is promoted to fp32: the result
+# equals the fp32 reference to summation order, as on sm89 and under the interpreter (no effect).
+PROMOTE_EVERY = 32
 
 
 @triton.jit
@@ -72,7 +81,7 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_x, stride_q, stride_s,
 @triton.jit(do_not_specialize=["M"])
 def _fp8_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, bias_ptr, M, N, K,
                      stride_am, stride_bn, stride_cm, stride_asm, stride_bsn,
-                     GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -92,9 +101,9 @@ def _fp8_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, bias_ptr, M, N, K,
             g = k0 // BLOCK_K
             sa = tl.load(as_ptr + offs_m * stride_asm + g, mask=mask_m, other=0.0)
             sb = tl.load(bs_ptr + offs_n * stride_bsn + g, mask=mask_n, other=0.0)
-            acc += tl.dot(a, b) * (sa[:, None] * sb[None, :])
+            acc += tl.dot(a, b, max_num_imprecise_acc=IMPRECISE_ACC) * (sa[:, None] * sb[None, :])
         else:
-            acc = tl.dot(a, b, acc)
+            acc = tl.dot(a, b, acc, max_num_imprecise_acc=IMPRECISE_ACC)
     if not GROUPED:
         sa = tl.load(as_ptr + offs_m * stride_asm, mask=mask_m, other=0.0)
         sb = tl.load(bs_ptr + offs_n * stride_bsn, mask=mask_n, other=0.0)
@@ -162,7 +171,7 @@ def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, scale: t
     _fp8_gemm_kernel[grid](
         xq, xs, qweight, scale, out, bias if bias is not None else out, m, n, k,
         xq.stride(0), qweight.stride(0), out.stride(0), xs.stride(0), scale.stride(0),
-        GROUPED=group is not None, HAS_BIAS=bias is not None,
+        GROUPED=group is not None, HAS_BIAS=bias is not None, IMPRECISE_ACC=min(PROMOTE_EVERY, block_k),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

@@ -19,6 +19,13 @@ FP8_MAX = 448.0  # the largest finite e4m3fn value
 MIN_SCALE = 1e-12
 
 
+def amax_scale(amax: torch.Tensor) -> torch.Tensor:
+    """fp32 amax / 448, floored at MIN_SCALE, correctly rounded on every device (the kernel's
+    `div_rn`). Divided by a tensor on purpose: CUDA torch divides by a Python scalar as a multiply
+    by its fp32 reciprocal, 1 ulp off for some amax (the GPU test saw it)."""
+    return torch.div(amax, torch.full_like(amax, FP8_MAX)).clamp_min(MIN_SCALE)
+
+
 def _groups(k: int, group: int | None) -> int:
     return 1 if group is None else -(-k // group)
 
@@ -38,7 +45,7 @@ def quantize_fp8(x: torch.Tensor, group: int | None = None) -> tuple[torch.Tenso
     G = 1 (group None) or ceil(K / group); scale = amax / 448 of each row (group), q = x / scale
     rounded to nearest, saturated at +-448."""
     xs, pad = _grouped(x.float(), group)
-    scale = (xs.abs().amax(dim=-1) / FP8_MAX).clamp_min(MIN_SCALE)
+    scale = amax_scale(xs.abs().amax(dim=-1))
     q = (xs / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     q = q.flatten(-2)
     return (q[..., : q.shape[-1] - pad] if pad else q), scale
@@ -79,7 +86,7 @@ def quantize_weight_blocks(weight: torch.Tensor, block: tuple[int, int]) -> tupl
     pad_n, pad_k = (-n) % rows, (-k) % cols
     w = torch.nn.functional.pad(weight.float(), (0, pad_k, 0, pad_n))
     tiles = w.unflatten(-1, (w.shape[-1] // cols, cols)).unflatten(-3, (w.shape[-2] // rows, rows))
-    scale = (tiles.abs().amax(dim=(-3, -1)) / FP8_MAX).clamp_min(MIN_SCALE)  # [..., N/rows, K/cols]
+    scale = amax_scale(tiles.abs().amax(dim=(-3, -1)))  # [..., N/rows, K/cols]
     q = (tiles / scale[..., :, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     q = q.flatten(-2).flatten(-3, -2)
     return q[..., :n, :k].contiguous(), scale
