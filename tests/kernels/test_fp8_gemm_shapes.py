@@ -14,14 +14,19 @@ import torch
 from minisgl.kernels.fp8_ref import dequantize_fp8, quantize_fp8, quantize_weight_blocks
 
 
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(not _INTERPRETED, reason="triton is compiled in this session")),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("group", [None, 128])
 @pytest.mark.parametrize("rows", [100, 300])
-def test_gemm_over_several_row_tiles_equals_the_reference(group: int | None, rows: int) -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
-        pytest.skip("triton was imported in compiled mode before the interpreter could be selected")
+def test_gemm_over_several_row_tiles_equals_the_reference(group: int | None, rows: int, device: str) -> None:
     from minisgl.kernels.fp8_gemm import fp8_gemm
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     n, k = 48, 1000
     torch.manual_seed(rows)
     w = torch.randn(n, k, device=device) * 0.02
@@ -36,4 +41,5 @@ def test_gemm_over_several_row_tiles_equals_the_reference(group: int | None, row
     expected = dequantize_fp8(xq, xs, group).double() @ dequantize_fp8(qw, ws, group).double().t()
     out = fp8_gemm(xq, xs, qw, ws, group, torch.float32)
     scale = expected.abs().amax(dim=1, keepdim=True)  # per row: the big row must not hide the others
-    torch.testing.assert_close(out.double() / scale, expected / scale, rtol=0, atol=1e-5)
+    # 1e-4 of the row: fp32 summation order, and on sm90 the float8 WGMMA partial sums of 32 products
+    torch.testing.assert_close(out.double() / scale, expected / scale, rtol=0, atol=1e-4)

@@ -11,7 +11,8 @@ import torch
 
 from minisgl.kernels.fp8_ref import FP8_MAX, MIN_SCALE, amax_scale, quantize_fp8, quantize_weight_blocks
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, _CUDA])]
 
 
 def _random_amax(device: str) -> torch.Tensor:
