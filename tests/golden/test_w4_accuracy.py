@@ -9,7 +9,15 @@ Measured 2026-12-01 through the packed engine (`python -m pytest -s tests/golden
 4 min 46 s): perplexity 9.652 against 5.401 (+78.7 %), and the six
 answers agree with fp32 for 6 (of 8), 1, 0, 8, 0 and 0 tokens. Plain RTN int4 does not reach the
 bar on this 135M model, whose fp32 reference is itself a Q4_1 (group 32) model; the bar stays and
-the two bar tests are strict xfails: they turn red the day a quantizer passes them. A GPTQ
+the two bar tests are strict xfails: they turn red the day a quantizer passes them.
+
+Is +78.7 % the engine or the quantizer? (checked 2026-12-01, session 13, on the whole text): the
+writer is GPTQ's RTN (min-max per row and 128-input group, the range widened to hold 0, zero
+points rounded, fp16 scales); the fp32 model with each linear weight replaced by the same
+`rtn(w).dequantize()` in plain torch gives 9.6520, the packed engine's figure to four decimals,
+so the +78.7 % is RTN int4's real cost on this model. A per-group MSE clip search (range x
+0.7-1.0) gives 9.6429; RTN at group 32, the reference's own Q4_1 block size, still 7.9056 (+46 %).
+A GPTQ
 error-feedback quantizer (tests/w4_builders.py: `gptq`, `collect_hessians`) with 8 x 160
 self-sampled calibration tokens and 1 % damping measured worse (15.20): the Hessians of the
 1536-input layers are rank-deficient at 1,280 tokens; it needs far more calibration text."""
