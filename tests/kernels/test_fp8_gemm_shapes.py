@@ -13,7 +13,6 @@ import torch
 
 from minisgl.kernels.fp8_ref import dequantize_fp8, quantize_fp8, quantize_weight_blocks
 
-
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICES = [
     pytest.param("cpu", marks=pytest.mark.skipif(not _INTERPRETED, reason="triton is compiled in this session")),
