@@ -42,3 +42,49 @@ def test_gemm_over_several_row_tiles_equals_the_reference(group: int | None, row
     scale = expected.abs().amax(dim=1, keepdim=True)  # per row: the big row must not hide the others
     # 1e-4 of the row: fp32 summation order, and on sm90 the float8 WGMMA partial sums of 32 products
     torch.testing.assert_close(out.double() / scale, expected / scale, rtol=0, atol=1e-4)
+
+
+_COMPILE_FOR_SM90 = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from minisgl.kernels.fp8_gemm import PROMOTE_EVERY, _fp8_gemm_kernel
+counts = {}
+for grouped in (False, True):
+    sig = {name: "*fp8e4nv" if name in ("a_ptr", "b_ptr") else "*fp32" for name in
+           ("a_ptr", "as_ptr", "b_ptr", "bs_ptr", "c_ptr", "bias_ptr")}
+    sig.update({name: "i32" for name in ("M", "N", "K", "stride_am", "stride_bn", "stride_cm", "stride_asm", "stride_bsn")})
+    consts = dict(GROUPED=grouped, HAS_BIAS=False, IMPRECISE_ACC=min(PROMOTE_EVERY, 128), BLOCK_M=128, BLOCK_N=128, BLOCK_K=128)
+    sig.update({name: "constexpr" for name in consts})
+    kernel = triton.compile(ASTSource(fn=_fp8_gemm_kernel, signature=sig, constexprs=consts),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
+    ptx = kernel.asm["ptx"]
+    counts[str(grouped)] = [ptx.count("wgmma.mma_async"), ptx.count("add.f32")]
+print(json.dumps(counts))
+"""
+
+
+def test_sm90_build_promotes_each_wgmma_partial_sum() -> None:
+    """Compiled for sm90 (no GPU needed: Triton's own ptxas), the prefill tile (128 x 128, K step
+    128, 8 warps: 64 fp32 accumulators a thread) adds each float8 WGMMA's partial sum to the fp32
+    accumulator: K step / PROMOTE_EVERY adds a step (the grouped path's last one is its scaled
+    FMA). Triton's sm90 default leaves the sum in the ~14-bit float8 accumulator and emits none:
+    the H200 failure at 100 and 1000 rows."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from minisgl.kernels.fp8_gemm import PROMOTE_EVERY
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    steps = 128 // PROMOTE_EVERY
+    wgmma, adds = counts["False"]
+    assert wgmma == 128 // 32 and adds >= steps * 64, counts
+    wgmma, adds = counts["True"]
+    assert wgmma == 128 // 32 and adds >= (steps - 1) * 64, counts
