@@ -12,9 +12,9 @@ per token (or per token and K-group), then `fp8_gemm` multiplies float8 tiles on
 
 The layouts and the oracle are kernels/fp8_ref.py's; the result equals `fp8_linear_ref` up to
 fp32 summation order, on sm90 too: each float8 WGMMA's partial sum is promoted to the fp32
-accumulator (`PROMOTE_EVERY`), not left in the tensor core's ~14-bit one for the whole K loop. The launches are a heuristic (`gemm_config`, no measured table yet):
-narrow column tiles for decode rows, so that N / BLOCK_N programs spread the weight stream over
-the SMs. Not yet done: the activation quantization fused into the kernel before (RMSNorm, SiLU),
+accumulator (`PROMOTE_EVERY`), not left in the tensor core's ~14-bit one for the whole K loop.
+The launches are a heuristic (`gemm_config`, no measured table yet): narrow column tiles for
+decode rows, so that N / BLOCK_N programs spread the weight stream over the SMs. Not yet done: the activation quantization fused into the kernel before (RMSNorm, SiLU),
 split-K for the narrowest layers, and a float8 MoE kernel (experts dequantize: layers/fp8.py).
 """
 
@@ -31,10 +31,10 @@ from minisgl.kernels.impl import num_sms
 
 # Products a Hopper (sm90) float8 WGMMA may sum in its own accumulator before the partial sum is
 # added to the fp32 one: 32, one instruction's K. The accumulator of a float8 WGMMA keeps about
-# 14 mantissa bits, and Triton's sm90 default (2^30) chains every K step of a `tl.dot` in it, so
-# a 4096-long row lost ~1e-3 of its value (the GPU test's 1,000-row failure) and even one 128-group
-# tile was just past 1e-4. At 32 each instruction's partial sum is promoted to fp32: the result
-# equals the fp32 reference to summation order, as on sm89 and under the interpreter (no effect).
+# 14 mantissa bits, and Triton's sm90 default (2^30) chains every K step of a `tl.dot` in it: the
+# per-channel path summed its whole K there, the grouped one each 128-group (the H200 test's
+# failures at 100 and 1000 rows, BLOCK_M 128: WGMMA; the 16-row tiles use mma.sync). At 32 each
+# instruction's partial sum is promoted to fp32. No effect on sm89 or under the interpreter.
 PROMOTE_EVERY = 32
 
 
