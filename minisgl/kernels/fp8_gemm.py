@@ -14,8 +14,9 @@ The layouts and the oracle are kernels/fp8_ref.py's; the result equals `fp8_line
 fp32 summation order, on sm90 too: each float8 WGMMA's partial sum is promoted to the fp32
 accumulator (`PROMOTE_EVERY`), not left in the tensor core's ~14-bit one for the whole K loop.
 The launches are a heuristic (`gemm_config`, no measured table yet): narrow column tiles for
-decode rows, so that N / BLOCK_N programs spread the weight stream over the SMs. Not yet done: the activation quantization fused into the kernel before (RMSNorm, SiLU),
-split-K for the narrowest layers, and a float8 MoE kernel (experts dequantize: layers/fp8.py).
+decode rows, so that N / BLOCK_N programs spread the weight stream over the SMs. Not yet done:
+the activation quantization fused into the kernel before (RMSNorm, SiLU), split-K for the
+narrowest layers, and a float8 MoE kernel (experts dequantize: layers/fp8.py).
 """
 
 from __future__ import annotations
