@@ -188,6 +188,18 @@ def test_full_rotary_matches_hf(tmp_path):
         assert _ids(out) == hf_greedy(model, prompt, 16), f"prompt len {len(prompt)}"
 
 
+@pytest.mark.parametrize("partial_rotary", [0.5, 1.0])
+def test_gpu_case_on_cpu(tmp_path, partial_rotary):
+    """The GPU case's prompts, pages and chunks on CPU (torch backend): its 5- and 16-token
+    prompts cross the original length while decoding; transformers 5.17's `generate` parts from
+    the recomputed reference at tokens 12 and 1 there (see `hf_greedy`), this engine must not."""
+    model = _make_phi3(tmp_path, partial_rotary)
+    llm = LLM(str(tmp_path), device="cpu", dtype="float32", page_size=16, num_pages=256, max_prefill_tokens=8)
+    prompts = _prompts(8, (5, 16, 17, 40))
+    for prompt, out in zip(prompts, _greedy(llm, prompts)):
+        assert _ids(out) == hf_greedy(model, prompt, NEW_TOKENS), f"prompt len {len(prompt)}"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("partial_rotary", [0.5, 1.0])
