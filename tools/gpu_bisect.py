@@ -10,7 +10,7 @@ the first greedy divergence per prompt (-: none). GPT-OSS also checks every fuse
 call against `swiglu_moe_ref` on its own inputs, and each decoder layer's residual stream against
 transformers' hidden states (forward hooks only). DeepSeek-V3 without interleave, bf16: at the
 first divergence from transformers (bf16, CUDA), each token's rank on both sides and the fp32 logit
-gap between them (a near-tie or not).
+gap between them, and whether the test's checked routing near-tie explains it.
 
 Research tool, not product code. Findings: not in docs/performance.md (correctness, not speed);
 the session notes keep them.
@@ -225,6 +225,10 @@ def run_deepseek(quick: bool) -> None:
                   f"fp32 logit gap {(l32[b] - l32[a]).item():+.3e} on max |logit| {l32.abs().max().item():.2f}; "
                   f"max |ours - fp32| {(lo - l32).abs().max().item():.3f}, max |HF bf16 - fp32| "
                   f"{(l16 - l32).abs().max().item():.3f}")  # fmt: skip
+            if torch.cuda.is_available():  # the test module skips itself without CUDA
+                from tests.golden.test_gpu_parity_deepseek import routing_near_tie
+
+                print(f"  checked routing near-tie: {routing_near_tie(llm, context, b) or 'yes'}")
     finally:
         _release(llm)
 
