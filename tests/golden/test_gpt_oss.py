@@ -41,6 +41,13 @@ def make_tiny_gpt_oss(path: Path, seed: int = 0, **overrides: Any) -> torch.nn.M
     options.update(overrides)
     torch.manual_seed(seed)
     model = tf.GptOssForCausalLM(tf.GptOssConfig(**options)).eval()
+    # transformers before 5.2x (5.17 on the GPU machine) hard-codes the experts' clamp at 7.0 and
+    # alpha at 1.702 instead of reading swiglu_limit / swiglu_alpha: hand the reference this
+    # config's values, which minisgl reads from config.json.
+    for layer in model.model.layers:
+        experts = layer.mlp.experts
+        assert hasattr(experts, "limit") and hasattr(experts, "alpha"), "transformers renamed GptOssExperts' clamp"
+        experts.limit, experts.alpha = float(options["swiglu_limit"]), float(options.get("swiglu_alpha", 1.702))
     with torch.no_grad():  # HF zero-initialises these biases: make them matter
         for name, param in model.named_parameters():
             if name.endswith(("_bias", "sinks", "proj.bias")):

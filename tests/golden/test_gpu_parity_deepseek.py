@@ -58,26 +58,72 @@ def test_fp32_triton_equals_hf(tiny, graph_bs):
 
 
 def test_bf16_top5_at_divergence(tiny):
-    from tests.engine_helpers import forward_logits
+    from tests.engine_helpers import check_top5_at_divergence
 
     variant, path, hf = tiny
     hf_cuda = copy.deepcopy(hf).to("cuda", torch.bfloat16)
     llm = LLM(str(path), device="cuda", dtype="bfloat16", attn="triton", page_size=16, num_pages=256)
-    for prompt in _prompts():
-        ours = _greedy(llm, [prompt])[0]
-        with torch.no_grad():
-            out = hf_cuda.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=NEW, do_sample=False,
-                                   eos_token_id=None, pad_token_id=0)  # fmt: skip
-        theirs = out[0, len(prompt) :].tolist()
-        for i, (a, b) in enumerate(zip(ours, theirs)):
-            if a == b:
-                continue
-            context = prompt + ours[:i]
-            with torch.no_grad():
-                hf_top = hf_cuda(torch.tensor([context], device="cuda")).logits[0, -1].topk(5).indices.tolist()
-            our_top = forward_logits(llm.engine, [context], first_page=200)[0][0].topk(5).indices.tolist()
-            assert a in hf_top and b in our_top, f"{variant}, prompt len {len(prompt)}: divergence at {i}: {a} vs {b}"
-            break
+    check_top5_at_divergence(llm, hf_cuda, _prompts(), NEW, variant, near_tie=routing_near_tie)
+
+
+# Router score gap under which bf16 rounding may pick the other expert (group): sigmoid scores
+# near 0.5 move by ~1e-2 when the hidden row moves by bf16's 2^-8.
+ROUTER_TIE = 0.02
+
+
+def _router_margin(router: torch.nn.Module, hidden: torch.Tensor) -> float:
+    """The smallest gap, in `router`'s fp32 scores of one hidden row [1, H], between what it picks
+    and what it leaves: the last chosen group and the next, the k-th allowed expert and the next."""
+    cfg = router.cfg
+    logits = torch.nn.functional.linear(hidden.float(), router.weight.float())[0]
+    if cfg.scoring_func == "softmax":
+        scores = logits.softmax(-1)
+        group_best = scores.view(cfg.n_group, -1).amax(-1)
+        grouped = cfg.topk_method == "group_limited_greedy"
+    else:
+        scores = logits.sigmoid() + router.e_score_correction_bias.float()
+        group_best = scores.view(cfg.n_group, -1).topk(2, dim=-1)[0].sum(-1)
+        grouped = True
+    gaps = []
+    if grouped and cfg.topk_group < cfg.n_group:
+        ranked = group_best.sort(descending=True).values
+        gaps.append((ranked[cfg.topk_group - 1] - ranked[cfg.topk_group]).item())
+        scores = scores.view(cfg.n_group, -1)[group_best.topk(cfg.topk_group).indices].flatten()
+    ranked = scores.sort(descending=True).values
+    gaps.append((ranked[router.top_k - 1] - ranked[router.top_k]).item())
+    return min(gaps)
+
+
+def routing_near_tie(llm: LLM, context: list[int], theirs: int) -> str | None:
+    """A bf16 divergence outside the top-5 is accepted as a checked routing near-tie only when our
+    one forward of `context` (transformers' path: the up-projected extend) picks transformers'
+    token, and our decode step of its last token (the absorbed path, other rounding) routes that
+    token to other experts at a layer whose router separates them by under ROUTER_TIE (one flipped
+    expert of a tiny random MoE moves the logits by far more than the top-5)."""
+    from minisgl.layers.deepseek_moe import GroupLimitedRouter
+    from tests.engine_helpers import forward_logits
+
+    seen: list[tuple[list[int], float]] = []
+
+    def hook(module: torch.nn.Module, args: tuple[torch.Tensor, ...], out: object) -> None:
+        seen.append((sorted(out.ids[-1].tolist()), _router_margin(module, args[0][-1:])))  # type: ignore[attr-defined]
+
+    hooks = [m.register_forward_hook(hook) for m in llm.engine.model.modules() if isinstance(m, GroupLimitedRouter)]
+    try:
+        extend = forward_logits(llm.engine, [context], first_page=200)[0][0]
+        extend_routes = list(seen)
+        seen.clear()
+        forward_logits(llm.engine, [context], prefix_lens=[len(context) - 1], first_page=100)
+        decode_routes = seen[-len(extend_routes) :]
+    finally:
+        for handle in hooks:
+            handle.remove()
+    if int(extend.argmax()) != theirs:
+        return f"our one forward picks {int(extend.argmax())}, not transformers' {theirs}"
+    flips = [(e, d) for e, d in zip(extend_routes, decode_routes) if e[0] != d[0]]
+    if not any(e[1] < ROUTER_TIE for e, _ in flips):
+        return f"no routing near-tie: extend vs decode routes {extend_routes} / {decode_routes}"
+    return None
 
 
 def test_v2_lite_shapes_decode_in_graphs(tmp_path: Path) -> None:

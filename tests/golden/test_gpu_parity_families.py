@@ -77,23 +77,9 @@ def _near_tie(llm: LLM, hf: torch.nn.Module, prompt: list[int], got: list[int], 
 
 
 def test_bf16_top5_at_divergence(tiny):
-    from tests.engine_helpers import forward_logits
+    from tests.engine_helpers import check_top5_at_divergence
 
     arch, path, hf = tiny
     hf_cuda = copy.deepcopy(hf).to("cuda", torch.bfloat16)
     llm = LLM(str(path), device="cuda", dtype="bfloat16", attn="triton", page_size=16, num_pages=256)
-    for prompt in _prompts(arch):
-        ours = _greedy(llm, [prompt])[0]
-        with torch.no_grad():
-            out = hf_cuda.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=NEW, do_sample=False,
-                                   eos_token_id=None, pad_token_id=0)  # fmt: skip
-        theirs = out[0, len(prompt) :].tolist()
-        for i, (a, b) in enumerate(zip(ours, theirs)):
-            if a == b:
-                continue
-            context = prompt + ours[:i]
-            with torch.no_grad():
-                hf_top = hf_cuda(torch.tensor([context], device="cuda")).logits[0, -1].topk(5).indices.tolist()
-            our_top = forward_logits(llm.engine, [context], first_page=200)[0][0].topk(5).indices.tolist()
-            assert a in hf_top and b in our_top, f"{arch}, prompt len {len(prompt)}: divergence at {i}: {a} vs {b}"
-            break
+    check_top5_at_divergence(llm, hf_cuda, _prompts(arch), NEW, arch)

@@ -3,7 +3,8 @@
 
 transformers picks the factor set from the sequence's length: a prompt longer than the original
 length rotates every position with the long factors, and `Phi3ForCausalLM.generate` drops its
-cache once the sequence grows past it, recomputing every position with the long factors. minisgl
+cache once the sequence grows past it, recomputing every position with the long factors (the
+reference here is that computation without `generate`: see `hf_greedy`). minisgl
 does the same per request (`Req.long_rope`, `layers.rotary.long_rope_rows`); such requests share
 no KV through the prefix cache, while short prompts still do."""
 
@@ -16,7 +17,6 @@ import pytest
 import torch
 
 from minisgl import LLM, SamplingParams
-from tests.tiny_models import hf_greedy
 
 ORIGINAL = 16
 NEW_TOKENS = 24
@@ -56,6 +56,19 @@ def phi3(tmp_path_factory):
     llm = LLM(str(path), device="cpu", page_size=4, num_pages=512, max_prefill_tokens=8)
     yield model, llm
     torch.set_num_threads(threads)
+
+
+def hf_greedy(model: torch.nn.Module, prompt: list[int], new_tokens: int) -> list[int]:
+    """transformers' greedy tokens, each from a full forward of the sequence so far (no KV cache):
+    the factor set follows the sequence's length at every step, which is what `generate` computes
+    from transformers 5.2x on (it recomputes once past the original length). transformers 5.17 (the
+    GPU machine's) drops the cache there but still feeds only the newest token, so its `generate`
+    is no reference at the crossing: the GPU test's "token 12" divergence of a 5-token prompt."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            ids.append(int(model(torch.tensor([ids]), use_cache=False).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
 
 
 def _prompts(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
@@ -173,6 +186,18 @@ def test_full_rotary_matches_hf(tmp_path):
     prompts = _prompts(6, (7, 30))
     for prompt, out in zip(prompts, _greedy(llm, prompts, 16)):
         assert _ids(out) == hf_greedy(model, prompt, 16), f"prompt len {len(prompt)}"
+
+
+@pytest.mark.parametrize("partial_rotary", [0.5, 1.0])
+def test_gpu_case_on_cpu(tmp_path, partial_rotary):
+    """The GPU case's prompts, pages and chunks on CPU (torch backend): its 5- and 16-token
+    prompts cross the original length while decoding; transformers 5.17's `generate` parts from
+    the recomputed reference at tokens 12 and 1 there (see `hf_greedy`), this engine must not."""
+    model = _make_phi3(tmp_path, partial_rotary)
+    llm = LLM(str(tmp_path), device="cpu", dtype="float32", page_size=16, num_pages=256, max_prefill_tokens=8)
+    prompts = _prompts(8, (5, 16, 17, 40))
+    for prompt, out in zip(prompts, _greedy(llm, prompts)):
+        assert _ids(out) == hf_greedy(model, prompt, NEW_TOKENS), f"prompt len {len(prompt)}"
 
 
 @pytest.mark.gpu

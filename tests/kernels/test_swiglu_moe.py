@@ -214,8 +214,18 @@ def test_resident_mxfp4_layer_equals_dequantized(restore_tp: None, tp_size: int)
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 16, 300])
 def test_kernel_gpt_oss_20b_shape_bf16_gpu(tokens: int) -> None:
+    """In bf16 both the kernel and the reference sit ~2^-8 of the output's scale from the exact
+    result (the 2880-input down projection of an activation rounded to bf16), whatever an element's
+    own size: the 0.03 + 3% rule fails on small outputs of either (the bf16 reference itself misses
+    it on 1 of the 16-token case's 46,080 elements, by 0.037, on CPU). So both are measured against
+    fp32 math on the same bf16 inputs: the kernel within 3e-2 of the output's scale, and its error
+    (largest and mean) within twice the bf16 reference's own."""
     x, w13, b13, w2, b2, weights, ids = _case(tokens, 32, 4, 2880, 2880, torch.bfloat16, seed=tokens)
-    out = swiglu_moe(x, w13, b13, w2, b2, weights, ids, 7.0, 1.702)
-    ref = swiglu_moe_ref(x, w13, b13, w2, b2, weights, ids, 7.0, 1.702)
-    atol, rtol = TOLERANCE[torch.bfloat16]
-    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+    out = swiglu_moe(x, w13, b13, w2, b2, weights, ids, 7.0, 1.702).float()
+    ref = swiglu_moe_ref(x, w13, b13, w2, b2, weights, ids, 7.0, 1.702).float()
+    exact = swiglu_moe_ref(*(t.float() for t in (x, w13, b13, w2, b2, weights)), ids, 7.0, 1.702)
+    out_err, ref_err = (out - exact).abs(), (ref - exact).abs()
+    scale = exact.abs().max().item()
+    assert out_err.max().item() <= 3e-2 * scale, (out_err.max().item(), scale)
+    assert out_err.max().item() <= 2 * ref_err.max().item() + 1e-3, (out_err.max().item(), ref_err.max().item())
+    assert out_err.mean().item() <= 2 * ref_err.mean().item() + 1e-4, (out_err.mean().item(), ref_err.mean().item())
