@@ -6,9 +6,14 @@ cd "$(dirname "$0")/.."
 mkdir -p .whl
 PKGS=(pyzmq fastapi starlette pydantic pydantic-core typing-inspection annotated-types uvicorn h11
       openai httpx2 httpcore2 truststore jiter distro sniffio anyio gguf prometheus_client
-      opentelemetry-api importlib-metadata zipp click msgpack annotated-doc typing-extensions)
+      opentelemetry-api importlib-metadata zipp click msgpack annotated-doc typing-extensions
+      # The GPU parity tests' reference: this machine's transformers, not the image's older one
+      # (5.17 there hard-codes GPT-OSS's SwiGLU clamp and mis-feeds Phi-3's LongRoPE recompute).
+      "transformers==$(python3 -c 'import transformers; print(transformers.__version__)')")
 for pkg in "${PKGS[@]}"; do
-    if ls .whl | grep -qi "^${pkg//-/_}-"; then continue; fi
+    name=${pkg%%==*} version=""
+    [[ "$pkg" == *==* ]] && version=${pkg#*==}
+    if ls .whl | grep -qi "^${name//-/_}-${version}"; then continue; fi
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux_2_27_x86_64 --platform any -d .whl "$pkg" >/dev/null 2>&1 \
