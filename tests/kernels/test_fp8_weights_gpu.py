@@ -53,8 +53,16 @@ def test_compiled_gemm_equals_reference(group: int | None, rows: int, shape: tup
 
 
 def test_fp8_checkpoint_on_cuda_follows_the_cpu_reference(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """A tiny 128x128-block checkpoint (tests/fp8_builders.py) on CUDA in fp32 (the Triton GEMM)
-    gives the logits of the CPU engine (the torch reference), within float8 rounding flips."""
+    """A tiny 128x128-block checkpoint (tests/fp8_builders.py) served on CUDA in fp32: every float8
+    layer of the real forward (the Triton GEMM, on the activations that reach it) equals the torch
+    reference (the CPU engine's path) on those same activations.
+
+    Whole-model logits of CUDA against CPU are no test of this: per-token dynamic activation scales
+    make the float8 model's output jump wherever a last-bit change of an input (another summation
+    order) flips one element's float8 rounding, and a tiny random model amplifies that. Measured on
+    the H200 (2026-12-01): each layer within 5e-4 of the reference (outputs near 6), yet the logits
+    0.15-0.3 apart for every format and with every fused kernel, eager padding and the Triton
+    attention turned off."""
     from minisgl import LLM
     from minisgl.layers.fp8 import Fp8LinearFn
     from tests.engine_helpers import forward_logits
@@ -63,13 +71,25 @@ def test_fp8_checkpoint_on_cuda_follows_the_cpu_reference(tmp_path) -> None:  # 
 
     make_tiny_model("qwen3", tmp_path / "float")
     path = write_fp8_checkpoint(tmp_path / "float", tmp_path / "fp8", "fp8-block")
-    prompts = [[3, 14, 15, 92, 65], list(range(40, 73))]
-    logits = {}
-    for device in ("cpu", "cuda"):
-        llm = LLM(str(path), device=device, dtype="float32", page_size=16, num_pages=64, cuda_graph_max_bs=0)
-        fns = [m._linear for m in llm.engine.model.modules() if isinstance(getattr(m, "_linear", None), Fp8LinearFn)]
-        assert fns and all(fn.impl == ("triton" if device == "cuda" else "torch") for fn in fns)
-        logits[device] = [t.float().cpu() for t in forward_logits(llm.engine, prompts, all_positions=True)]
-        del llm
-    for cpu, cuda in zip(logits["cpu"], logits["cuda"]):
-        torch.testing.assert_close(cuda, cpu, rtol=1e-2, atol=1e-2)
+    llm = LLM(str(path), device="cuda", dtype="float32", page_size=16, num_pages=64, cuda_graph_max_bs=0)
+    layers = [m for m in llm.engine.model.modules() if isinstance(getattr(m, "_linear", None), Fp8LinearFn)]
+    assert layers and all(m._linear.impl == "triton" for m in layers)
+    errors: list[float] = []
+
+    def checked(fn: Fp8LinearFn):  # type: ignore[no-untyped-def]
+        reference = fn.with_impl("torch")
+
+        def linear(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+            out = fn(x, weight, bias)
+            expected = reference(x, weight, bias)
+            errors.append(((out - expected).abs().max() / expected.abs().max().clamp_min(1e-6)).item())
+            return out
+
+        return linear
+
+    for m in layers:
+        m._linear = checked(m._linear)
+    logits = forward_logits(llm.engine, [[3, 14, 15, 92, 65], list(range(40, 73))], all_positions=True)
+    assert all(torch.isfinite(t).all() for t in logits)
+    assert len(errors) >= len(layers), "every float8 layer should have run"
+    assert max(errors) <= 1e-3, f"a float8 layer parts from the reference by {max(errors):.2e} of its scale"
