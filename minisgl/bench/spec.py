@@ -37,12 +37,16 @@ class FixedProposer:
         pass
 
 
-def _llm(args: argparse.Namespace, speculative: bool) -> Any:
+def _llm(args: argparse.Namespace, speculative: bool, overlap: bool | None = None) -> Any:
+    """An offline LLM of the flags at one running request; `overlap`: overlap scheduling forced
+    on or off (None: the flags'; speculation turns it off)."""
     from minisgl import LLM
 
     sched = scheduler_config(args)
     if not speculative:
         sched = replace(sched, speculative_algorithm=None, speculative_draft_model=None)
+    if overlap is not None:
+        sched = replace(sched, overlap=overlap)
     # No prefix cache: a request's prefill costs the same in the 1-token run and the full one.
     sched = replace(sched, max_running_requests=1, cache="naive")
     llm = LLM(engine_config=engine_config(args), scheduler_config=sched)
@@ -86,20 +90,92 @@ def run_workload(args: argparse.Namespace, speculative: bool) -> tuple[dict[str,
     return record, texts
 
 
+class PhaseClock:
+    """Host time per phase of the steps run while it is attached (a diagnosis, not a profile: each
+    phase is one wrapped call). `plan`: the scheduler's plan (proposals included); `build`: the
+    engine's batch; `forward`: the runner's call (a graph replay's copies and launch, or an eager
+    forward's kernel launches); `sample`; `launch_rest`: the rest of the launch (sampling batch,
+    host copy, event); `wait`: for the device and the tokens' host copy; `complete`: acceptance and
+    the outputs; `other`: the rest of the wall time (the offline loop)."""
+
+    PHASES = ("plan", "build", "forward", "sample", "launch_rest", "wait", "complete", "other")
+
+    def __init__(self, llm: Any) -> None:
+        self.seconds = dict.fromkeys(self.PHASES, 0.0)
+        self.steps = 0
+        sched, engine = llm.scheduler, llm.engine
+        self._timed(sched, "_plan", "plan")
+        self._timed(engine, "_build", "build")
+        self._timed(engine.runner, "run", "forward")
+        self._timed(engine.sampler, "sample", "sample")
+        launch, complete = engine.launch, sched._complete
+
+        def timed_launch(*a: Any, **kw: Any) -> Any:
+            start = time.perf_counter()
+            step = launch(*a, **kw)
+            self.steps += 1
+            self.seconds["launch_rest"] += time.perf_counter() - start
+            self._timed(step, "result", "wait")
+            return step
+
+        def timed_complete(*a: Any, **kw: Any) -> Any:
+            start = time.perf_counter()
+            out = complete(*a, **kw)
+            self.seconds["complete"] += time.perf_counter() - start
+            return out
+
+        engine.launch, sched._complete = timed_launch, timed_complete
+
+    def _timed(self, obj: Any, name: str, phase: str) -> None:
+        inner = getattr(obj, name)
+        seconds = self.seconds
+
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            start = time.perf_counter()
+            out = inner(*a, **kw)
+            seconds[phase] += time.perf_counter() - start
+            return out
+
+        setattr(obj, name, wrapper)
+
+    def per_step_ms(self, wall: float) -> dict[str, float]:
+        """Milliseconds per step of each phase (the nested ones taken out of their callers)."""
+        s = dict(self.seconds)
+        s["launch_rest"] -= s["build"] + s["forward"] + s["sample"]
+        s["complete"] -= s["wait"]
+        s["other"] = wall - sum(s[p] for p in self.PHASES if p != "other")
+        return {p: round(1000 * s[p] / max(self.steps, 1), 3) for p in self.PHASES}
+
+
+def _graph_record(llm: Any, before: tuple[int, int]) -> dict[str, Any]:
+    """Whether the timed steps replayed CUDA graphs (captured entry counts, replays, eager runs)."""
+    runner = llm.engine.runner
+    sizes = getattr(runner, "sizes", None)
+    if sizes is None:
+        return {"graphs": None}  # an eager runner (no CUDA graphs on this device / config)
+    return {"graphs": sizes, "replays": runner.replays - before[0], "eager_runs": runner.eager_runs - before[1]}
+
+
 def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
-    """bs=1: mean step time of plain decoding and of verify steps of K proposals (FixedProposer)."""
+    """bs=1: mean step time of plain decoding (as configured, then without overlap scheduling, as
+    a verify step runs) and of verify steps of K proposals (FixedProposer); per run, the graph
+    replays and the host time per phase (`PhaseClock`)."""
     k = args.num_speculative_tokens
     steps = args.max_tokens
     prompt = list(range(10, 10 + args.prompt_len))
     params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
     out: dict[str, Any] = {"k": k}
-    for speculative in (False, True):
-        llm = _llm(args, speculative)
+    runs = (("decode", False, None), ("decode_sync", False, False), ("verify", True, None))
+    for name, speculative, overlap in runs:
+        llm = _llm(args, speculative, overlap)
         if speculative:
             llm.scheduler.spec.proposer = FixedProposer()
         llm.generate([prompt], params, use_tqdm=False)  # warm-up at these lengths
         if speculative:
             llm.scheduler.spec.stats = type(llm.scheduler.spec.stats)()
+        runner = llm.engine.runner
+        before = (getattr(runner, "replays", 0), getattr(runner, "eager_runs", 0))
+        clock = PhaseClock(llm)
         platform = llm.engine.platform
         platform.synchronize()
         start = time.perf_counter()
@@ -108,9 +184,15 @@ def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
         total = time.perf_counter() - start
         assert len(res.outputs[0].token_ids) == steps
         count = steps - 1 if not speculative else llm.scheduler.spec.stats.verify_steps
-        out["verify_step_ms" if speculative else "decode_step_ms"] = round(1000 * total / max(count, 1), 3)
+        out[f"{name}_step_ms"] = round(1000 * total / max(count, 1), 3)
+        detail = {"overlap": llm.scheduler.overlap, "steps": clock.steps, **_graph_record(llm, before),
+                  "host_ms_per_step": clock.per_step_ms(total)}  # fmt: skip
+        if speculative:
+            detail.update(_spec_record(llm))
+        out[name] = detail
         del llm
     out["verify_over_decode"] = round(out["verify_step_ms"] / out["decode_step_ms"], 3)
+    out["verify_over_decode_sync"] = round(out["verify_step_ms"] / out["decode_sync_step_ms"], 3)
     return out
 
 
