@@ -9,7 +9,10 @@ GGUF weights, K = 3 pays best: a verify step's 4 rows fit one register tile of t
 `--verify-cost`: instead, the time of one bs=1 step that verifies K proposed tokens (K + 1 query
 rows; every step proposes K tokens, whatever the model) against one plain decode step, e.g. on the
 GPU with dummy weights: `python -m minisgl.bench spec --verify-cost --model configs/qwen3-0.6b
---dummy-weights --speculative-algorithm ngram --num-speculative-tokens 4`.
+--dummy-weights --speculative-algorithm ngram --num-speculative-tokens 4`. It also times plain
+decoding without overlap scheduling (`decode_sync`: a verify step waits for its tokens before the
+next step is planned), and prints per run the CUDA graph sizes, replays and eager runs, and the
+host milliseconds per step phase (`host_phases`, from a second pass under cProfile).
 """
 
 from __future__ import annotations
@@ -40,16 +43,12 @@ class FixedProposer:
         pass
 
 
-def _llm(args: argparse.Namespace, speculative: bool, overlap: bool | None = None) -> Any:
-    """An offline LLM of the flags at one running request; `overlap`: overlap scheduling forced
-    on or off (None: the flags'; speculation turns it off)."""
+def _llm(args: argparse.Namespace, speculative: bool) -> Any:
     from minisgl import LLM
 
     sched = scheduler_config(args)
     if not speculative:
         sched = replace(sched, speculative_algorithm=None, speculative_draft_model=None)
-    if overlap is not None:
-        sched = replace(sched, overlap=overlap)
     # No prefix cache: a request's prefill costs the same in the 1-token run and the full one.
     sched = replace(sched, max_running_requests=1, cache="naive")
     llm = LLM(engine_config=engine_config(args), scheduler_config=sched)
@@ -150,9 +149,14 @@ def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
     prompt = list(range(10, 10 + args.prompt_len))
     params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
     out: dict[str, Any] = {"k": k}
-    runs = (("decode", False, None), ("decode_sync", False, False), ("verify", True, None))
-    for name, speculative, overlap in runs:
-        llm = _llm(args, speculative, overlap)
+    llm: Any = None
+    for name in ("decode", "decode_sync", "verify"):
+        speculative = name == "verify"
+        if name == "decode_sync":  # the same engine, each step waited for before the next is planned
+            llm.scheduler.overlap = False
+        else:
+            llm = None  # the last engine's memory goes before the next sizes its KV pool
+            llm = _llm(args, speculative)
         if speculative:
             llm.scheduler.spec.proposer = FixedProposer()
         llm.generate([prompt], params, use_tqdm=False)  # warm-up at these lengths
@@ -173,7 +177,6 @@ def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
         # Again under cProfile, for the host time per phase.
         detail["host_phases"] = host_phases(lambda: llm.generate([prompt], params, use_tqdm=False))
         out[name] = detail
-        del llm
     out["verify_over_decode"] = round(out["verify_step_ms"] / out["decode_step_ms"], 3)
     out["verify_over_decode_sync"] = round(out["verify_step_ms"] / out["decode_sync_step_ms"], 3)
     return out
