@@ -24,6 +24,7 @@ import pstats
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from minisgl.core import Req, SamplingParams
@@ -175,7 +176,7 @@ def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
         out[f"{name}_step_ms"] = round(1000 * total / max(count, 1), 3)
         detail = {"overlap": llm.scheduler.overlap, **_graph_record(llm, before), **_spec_record(llm)}
         # Again under cProfile, for the host time per phase.
-        detail["host_phases"] = host_phases(lambda: llm.generate([prompt], params, use_tqdm=False))
+        detail["host_phases"] = host_phases(partial(llm.generate, [prompt], params, use_tqdm=False))
         out[name] = detail
     out["verify_over_decode"] = round(out["verify_step_ms"] / out["decode_step_ms"], 3)
     out["verify_over_decode_sync"] = round(out["verify_step_ms"] / out["decode_sync_step_ms"], 3)

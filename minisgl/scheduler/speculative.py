@@ -26,7 +26,6 @@ from minisgl.core import Req, SamplingParams
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.scheduler.pages import PageManager, pages_for
 
-
 _ID_BYTES = array("i").itemsize  # token ids as C ints (every vocabulary fits)
 
 

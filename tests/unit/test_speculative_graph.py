@@ -9,8 +9,8 @@ import torch
 
 from minisgl import LLM, SamplingParams
 from minisgl.attention.batch import ForwardBatch
-from minisgl.engine.graph import graph_batch_sizes, graph_capacity, replay_size
 from minisgl.bench.spec import FixedProposer
+from minisgl.engine.graph import graph_batch_sizes, graph_capacity, replay_size
 from tests.tiny_models import make_tiny_model
 
 
