@@ -212,7 +212,7 @@ class Engine:
         from minisgl.engine.graph import EagerRunner, GraphRunner
 
         cfg = self.config
-        max_bs = graph_capacity(cfg.cuda_graph_max_bs, cfg.max_running_requests, cfg.num_speculative_tokens)
+        max_bs = graph_capacity(cfg.cuda_graph_max_bs, cfg.max_running_requests, cfg.decode_entries_per_request)
         graphs_ok = type(self.attn_backend).init_graph_state is not BaseAttnBackend.init_graph_state
         # Not with LoRA: the graphs would capture one step's adapter segments.
         if self.platform.supports_graphs and max_bs > 0 and graphs_ok and self.task == "generate" and self.lora is None:

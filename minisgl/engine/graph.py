@@ -59,10 +59,10 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
     return sizes
 
 
-def graph_capacity(cuda_graph_max_bs: int, max_running_requests: int, num_speculative_tokens: int = 0) -> int:
+def graph_capacity(cuda_graph_max_bs: int, max_running_requests: int, entries_per_request: int = 1) -> int:
     """The largest decode entry count captured: every running request's entries (1 + K each with
     speculative decoding: a verify row is K + 1 decode entries), at most `cuda_graph_max_bs`."""
-    return min(cuda_graph_max_bs, max_running_requests * (1 + num_speculative_tokens))
+    return min(cuda_graph_max_bs, max_running_requests * entries_per_request)
 
 
 def replay_size(sizes: list[int], batch: ForwardBatch) -> int | None:

@@ -23,10 +23,10 @@ def model_dir(tmp_path_factory):
 
 def test_graph_capacity_counts_verify_entries():
     assert graph_capacity(256, 1) == 1
-    assert graph_capacity(256, 1, 4) == 5  # one request's verify row: K + 1 entries
-    assert graph_capacity(256, 8, 4) == 40
-    assert graph_capacity(256, 256, 4) == 256  # the flag still caps it
-    assert graph_capacity(0, 8, 4) == 0  # graphs off
+    assert graph_capacity(256, 1, 5) == 5  # one request's verify row: K + 1 entries
+    assert graph_capacity(256, 8, 5) == 40
+    assert graph_capacity(256, 256, 5) == 256  # the flag still caps it
+    assert graph_capacity(0, 8, 5) == 0  # graphs off
 
 
 class _Recording:
@@ -48,9 +48,9 @@ def test_verify_steps_take_the_graph_path(model_dir, running):
     llm = LLM(model_dir, device="cpu", page_size=4, num_pages=512, max_running_requests=running,
               speculative_algorithm="ngram", num_speculative_tokens=k)  # fmt: skip
     cfg = llm.engine.config
-    assert cfg.num_speculative_tokens == k  # build_scheduler hands the engine K
+    assert cfg.decode_entries_per_request == k + 1  # build_scheduler tells the engine a verify row's size
     # What Engine._make_runner captures on CUDA for this config.
-    sizes = graph_batch_sizes(graph_capacity(cfg.cuda_graph_max_bs, cfg.max_running_requests, cfg.num_speculative_tokens))
+    sizes = graph_batch_sizes(graph_capacity(cfg.cuda_graph_max_bs, cfg.max_running_requests, cfg.decode_entries_per_request))
     assert sizes[-1] == running * (k + 1)
     llm.scheduler.spec.proposer = FixedProposer()  # K proposals every step, whatever the model
     recording = _Recording(llm.engine.runner, sizes)
