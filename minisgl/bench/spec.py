@@ -11,8 +11,14 @@ rows; every step proposes K tokens, whatever the model) against one plain decode
 GPU with dummy weights: `python -m minisgl.bench spec --verify-cost --model configs/qwen3-0.6b
 --dummy-weights --speculative-algorithm ngram --num-speculative-tokens 4`. It also times plain
 decoding without overlap scheduling (`decode_sync`: a verify step waits for its tokens before the
-next step is planned), and prints per run the CUDA graph sizes, replays and eager runs, and the
-host milliseconds per step phase (`host_phases`, from a second pass under cProfile).
+next step is planned). `<run>_step_ms` is the median time of one scheduler step in the steady
+state (the scheduler driven directly, as the server's scheduler process runs it: prefill, the
+last steps and detokenizing left out); `<run>_mean_ms` the older figure, an `LLM.generate`'s
+time over its steps (the prefill included). Per run it prints the CUDA graph sizes, replays and
+eager runs, the host milliseconds per step phase (`host_phases`, from a pass under cProfile), and
+on CUDA `replay_device_ms`: the device time of one replay of each captured graph (CUDA events,
+`--prompt-len` + half `--max-tokens` tokens of context per entry), so that a step's time less its
+graph's device time is the host time it exposes.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import argparse
 import cProfile
 import json
 import pstats
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -28,7 +35,12 @@ from functools import partial
 from typing import Any
 
 from minisgl.core import Req, SamplingParams
-from minisgl.server.engine_args import add_engine_args, check_engine_args, engine_config, scheduler_config
+from minisgl.server.engine_args import (
+    add_engine_args,
+    check_engine_args,
+    engine_config,
+    scheduler_config,
+)
 
 
 class FixedProposer:
@@ -121,7 +133,7 @@ def host_phases(run: Callable[[], object]) -> dict[str, Any]:
             if func == name and path.replace("\\", "/").endswith(suffix):
                 # The outermost call of a name (a graph runner's eager fallback is nested in it).
                 seconds[phase] = max(seconds[phase], cumulative)
-                if phase == "launch":
+                if phase == "plan":  # one plan per scheduler step
                     steps = max(steps, calls)
     s = dict(seconds)
     s["launch_rest"] = s.pop("launch") - s["build"] - s["forward"] - s["sample"]
@@ -140,21 +152,70 @@ def _graph_record(llm: Any, before: tuple[int, int]) -> dict[str, Any]:
     return {"graphs": sizes, "replays": runner.replays - before[0], "eager_runs": runner.eager_runs - before[1]}
 
 
+def step_ms(llm: Any, prompt: list[int], params: SamplingParams) -> float:
+    """Median milliseconds of one `Scheduler.step()` generating `params.max_tokens` tokens of
+    `prompt` (the scheduler driven directly), the first 3 steps (prefill) and the last 6 (where
+    fewer than K proposals fit) left out."""
+    sched = llm.scheduler
+    rid = 1 << 40  # no id LLM.generate hands out
+    sched.add_request(rid, prompt, params)
+    times: list[float] = []
+    while sched.has_work():
+        start = time.perf_counter()
+        sched.step()
+        times.append(time.perf_counter() - start)
+    llm.engine.platform.synchronize()
+    steady = times[3:-6] or times
+    return round(1000 * statistics.median(steady), 3)
+
+
+def replay_device_ms(llm: Any, context: int, reps: int = 50) -> dict[str, float] | None:
+    """Device milliseconds of one replay of each captured graph (CUDA events over `reps`
+    back-to-back replays), every entry attending `context` tokens of the scratch row (KV written to
+    the scratch slot); None without graphs. Run with no request resident."""
+    import torch
+
+    runner = llm.engine.runner
+    if getattr(runner, "graphs", None) is None:
+        return None
+    out: dict[str, float] = {}
+    for bs, graph in sorted(runner.graphs.items()):
+        runner.out_loc[:bs].fill_(runner.scratch_slot)
+        runner.rows[:bs].fill_(runner.scratch_row)
+        runner.seq_lens[:bs].fill_(context)
+        runner.backend.prepare_for_replay(runner._static_batch(bs, [context] * bs))
+        graph.replay()  # warm
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        out[str(bs)] = round(start.elapsed_time(end) / reps, 3)
+    runner.seq_lens.zero_()
+    return out
+
+
 def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
-    """bs=1: mean step time of plain decoding (as configured, then without overlap scheduling, as
-    a verify step runs) and of verify steps of K proposals (FixedProposer); per run, the graph
-    replays and eager runs of the timed pass, and the host time per phase of a second, profiled
-    pass (`host_phases`)."""
+    """bs=1: step time of plain decoding (as configured, then without overlap scheduling) and of
+    verify steps of K proposals (FixedProposer; as configured, then, where the outputs were
+    deferred, `verify_sync` without that); per run, the graph replays and eager runs of the timed
+    pass, the host time per phase of a profiled pass (`host_phases`), and per engine the device
+    time of each graph's replay."""
     k = args.num_speculative_tokens
     steps = args.max_tokens
     prompt = list(range(10, 10 + args.prompt_len))
     params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
     out: dict[str, Any] = {"k": k}
     llm: Any = None
-    for name in ("decode", "decode_sync", "verify"):
-        speculative = name == "verify"
+    for name in ("decode", "decode_sync", "verify", "verify_sync"):
+        speculative = name.startswith("verify")
         if name == "decode_sync":  # the same engine, each step waited for before the next is planned
             llm.scheduler.overlap = False
+        elif name == "verify_sync":  # the same engine, each step's outputs returned before the next launch
+            if not llm.scheduler.defer_outputs:
+                continue  # the verify run was that already
+            llm.scheduler.defer_outputs = False
         else:
             llm = None  # the last engine's memory goes before the next sizes its KV pool
             llm = _llm(args, speculative)
@@ -173,13 +234,19 @@ def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
         total = time.perf_counter() - start
         assert len(res.outputs[0].token_ids) == steps
         count = steps - 1 if not speculative else llm.scheduler.spec.stats.verify_steps
-        out[f"{name}_step_ms"] = round(1000 * total / max(count, 1), 3)
-        detail = {"overlap": llm.scheduler.overlap, **_graph_record(llm, before), **_spec_record(llm)}
+        out[f"{name}_mean_ms"] = round(1000 * total / max(count, 1), 3)
+        sched = llm.scheduler
+        detail = {"overlap": sched.overlap, "deferred_outputs": sched.defer_outputs,
+                  **_graph_record(llm, before), **_spec_record(llm)}  # fmt: skip
+        out[f"{name}_step_ms"] = step_ms(llm, prompt, params)
         # Again under cProfile, for the host time per phase.
         detail["host_phases"] = host_phases(partial(llm.generate, [prompt], params, use_tqdm=False))
+        if name in ("decode_sync", "verify"):  # once per engine
+            detail["replay_device_ms"] = replay_device_ms(llm, args.prompt_len + steps // 2)
         out[name] = detail
     out["verify_over_decode"] = round(out["verify_step_ms"] / out["decode_step_ms"], 3)
     out["verify_over_decode_sync"] = round(out["verify_step_ms"] / out["decode_sync_step_ms"], 3)
+    out["verify_over_decode_mean"] = round(out["verify_mean_ms"] / out["decode_mean_ms"], 3)
     return out
 
 
