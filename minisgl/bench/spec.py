@@ -242,7 +242,15 @@ def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
         # Again under cProfile, for the host time per phase.
         detail["host_phases"] = host_phases(partial(llm.generate, [prompt], params, use_tqdm=False))
         if name in ("decode_sync", "verify"):  # once per engine
-            detail["replay_device_ms"] = replay_device_ms(llm, args.prompt_len + steps // 2)
+            try:  # a diagnostic: its failure must not lose the timings
+                device = replay_device_ms(llm, args.prompt_len + steps // 2)
+            except Exception as exc:  # noqa: BLE001
+                device = None
+                detail["replay_device_error"] = repr(exc)
+            detail["replay_device_ms"] = device
+            size = "1" if name == "decode_sync" else str(k + 1)
+            if device is not None and size in device:  # the step's time less its graph's device time
+                out[f"{name}_exposed_host_ms"] = round(out[f"{name}_step_ms"] - device[size], 3)
         out[name] = detail
     out["verify_over_decode"] = round(out["verify_step_ms"] / out["decode_step_ms"], 3)
     out["verify_over_decode_sync"] = round(out["verify_step_ms"] / out["decode_sync_step_ms"], 3)
