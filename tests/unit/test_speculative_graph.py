@@ -68,3 +68,37 @@ def test_verify_steps_take_the_graph_path(model_dir, running):
     # The recording changed nothing: greedy equals decoding without speculation.
     plain = LLM(model_dir, device="cpu", page_size=4, num_pages=512, max_running_requests=running)
     assert got == [r.outputs[0].token_ids for r in plain.generate(prompts, params, use_tqdm=False)]
+
+
+def test_deferred_outputs_come_back_after_the_next_launch(model_dir):
+    """Speculation with overlap asked for (CUDA's default): each `step()` completes the step the
+    last call launched, launches the next, then returns the completed step's outputs, so the
+    caller's work on them overlaps the device; the tokens are those of the synchronous order."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7]
+    llm = LLM(model_dir, device="cpu", page_size=4, num_pages=512, max_running_requests=1, overlap=True,
+              speculative_algorithm="ngram", num_speculative_tokens=4)  # fmt: skip
+    sched = llm.scheduler
+    assert sched.defer_outputs and not sched.overlap
+    sched.spec.proposer = FixedProposer()
+    recording = _Recording(llm.engine.runner, [])
+    llm.engine.runner = recording
+    sched.add_request(1 << 40, prompt, params)
+    tokens: list[int] = []
+    calls = 0
+    while sched.has_work():
+        outs = sched.step()
+        calls += 1
+        launches = len(recording.seen)
+        if calls == 1:
+            assert outs == [] and launches == 1  # the prefill launched, nothing completed yet
+            continue
+        assert len(outs) == 1  # the step launched by the call before
+        tokens += outs[0].token_ids
+        if outs[0].finish_reason is None:
+            assert launches == calls  # the next step was launched before these outputs came back
+        else:
+            assert launches == calls - 1 and not sched.has_work()
+    assert sched.spec.stats.verify_steps > 0
+    plain = LLM(model_dir, device="cpu", page_size=4, num_pages=512, max_running_requests=1)
+    assert tokens == plain.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
