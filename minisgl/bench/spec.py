@@ -9,19 +9,38 @@ GGUF weights, K = 3 pays best: a verify step's 4 rows fit one register tile of t
 `--verify-cost`: instead, the time of one bs=1 step that verifies K proposed tokens (K + 1 query
 rows; every step proposes K tokens, whatever the model) against one plain decode step, e.g. on the
 GPU with dummy weights: `python -m minisgl.bench spec --verify-cost --model configs/qwen3-0.6b
---dummy-weights --speculative-algorithm ngram --num-speculative-tokens 4`.
+--dummy-weights --speculative-algorithm ngram --num-speculative-tokens 4`. It also times plain
+decoding without overlap scheduling (`decode_sync`: a verify step waits for its tokens before the
+next step is planned). `<run>_step_ms` is the median time of one scheduler step in the steady
+state (the scheduler driven directly, as the server's scheduler process runs it: prefill, the
+last steps and detokenizing left out); `<run>_mean_ms` the older figure, an `LLM.generate`'s
+time over its steps (the prefill included). Per run it prints the CUDA graph sizes, replays and
+eager runs, the host milliseconds per step phase (`host_phases`, from a pass under cProfile), and
+on CUDA `replay_device_ms`: the device time of one replay of each captured graph (CUDA events,
+`--prompt-len` + half `--max-tokens` tokens of context per entry), so that a step's time less its
+graph's device time is the host time it exposes.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
+import statistics
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from minisgl.core import Req, SamplingParams
-from minisgl.server.engine_args import add_engine_args, check_engine_args, engine_config, scheduler_config
+from minisgl.server.engine_args import (
+    add_engine_args,
+    check_engine_args,
+    engine_config,
+    scheduler_config,
+)
 
 
 class FixedProposer:
@@ -86,20 +105,127 @@ def run_workload(args: argparse.Namespace, speculative: bool) -> tuple[dict[str,
     return record, texts
 
 
+# Host phases of a step (`host_phases`): (file, function) as cProfile names them.
+_PHASES = {
+    "plan": ("scheduler/scheduler.py", "_plan"),  # the scheduler's plan, proposals included
+    "build": ("engine/engine.py", "_build"),  # the engine's batch (host lists, uploads, token table)
+    "forward": ("engine/graph.py", "run"),  # a graph replay's copies and launch, or an eager forward
+    "sample": ("engine/sampler.py", "sample"),
+    "launch": ("engine/engine.py", "launch"),  # build + forward + sample + the rest of the launch
+    "wait": ("engine/step.py", "result"),  # for the device and the tokens' host copy
+    "complete": ("scheduler/scheduler.py", "_complete"),  # wait + acceptance and the outputs
+}
+
+
+def host_phases(run: Callable[[], object]) -> dict[str, Any]:
+    """Host milliseconds per step of each phase of the steps `run` takes, measured with cProfile
+    (its own cost inflates every phase, so read them against each other): `launch_rest` is the
+    launch less build, forward and sample; `complete` excludes the wait; `other` is the rest."""
+    profile = cProfile.Profile()
+    start = time.perf_counter()
+    profile.runcall(run)
+    wall = time.perf_counter() - start
+    table = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    seconds = dict.fromkeys(_PHASES, 0.0)
+    steps = 0
+    for (path, _, func), (_, calls, _, cumulative, _) in table.items():
+        for phase, (suffix, name) in _PHASES.items():
+            if func == name and path.replace("\\", "/").endswith(suffix):
+                # The outermost call of a name (a graph runner's eager fallback is nested in it).
+                seconds[phase] = max(seconds[phase], cumulative)
+                if phase == "plan":  # one plan per scheduler step
+                    steps = max(steps, calls)
+    s = dict(seconds)
+    s["launch_rest"] = s.pop("launch") - s["build"] - s["forward"] - s["sample"]
+    s["complete"] -= s["wait"]
+    s["other"] = wall - sum(s.values())
+    per_step = {phase: round(1000 * value / max(steps, 1), 3) for phase, value in s.items()}
+    return {"steps": steps, "ms_per_step": per_step, "wall_ms_per_step": round(1000 * wall / max(steps, 1), 3)}
+
+
+def _graph_record(llm: Any, before: tuple[int, int]) -> dict[str, Any]:
+    """Whether the timed steps replayed CUDA graphs (captured entry counts, replays, eager runs)."""
+    runner = llm.engine.runner
+    sizes = getattr(runner, "sizes", None)
+    if sizes is None:
+        return {"graphs": None}  # an eager runner (no CUDA graphs on this device / config)
+    return {"graphs": sizes, "replays": runner.replays - before[0], "eager_runs": runner.eager_runs - before[1]}
+
+
+def step_ms(llm: Any, prompt: list[int], params: SamplingParams) -> float:
+    """Median milliseconds of one `Scheduler.step()` generating `params.max_tokens` tokens of
+    `prompt` (the scheduler driven directly), the first 3 steps (prefill) and the last 6 (where
+    fewer than K proposals fit) left out."""
+    sched = llm.scheduler
+    rid = 1 << 40  # no id LLM.generate hands out
+    sched.add_request(rid, prompt, params)
+    times: list[float] = []
+    while sched.has_work():
+        start = time.perf_counter()
+        sched.step()
+        times.append(time.perf_counter() - start)
+    llm.engine.platform.synchronize()
+    steady = times[3:-6] or times
+    return round(1000 * statistics.median(steady), 3)
+
+
+def replay_device_ms(llm: Any, context: int, reps: int = 50) -> dict[str, float] | None:
+    """Device milliseconds of one replay of each captured graph (CUDA events over `reps`
+    back-to-back replays), every entry attending `context` tokens of the scratch row (KV written to
+    the scratch slot); None without graphs. Run with no request resident."""
+    import torch
+
+    runner = llm.engine.runner
+    if getattr(runner, "graphs", None) is None:
+        return None
+    out: dict[str, float] = {}
+    for bs, graph in sorted(runner.graphs.items()):
+        runner.out_loc[:bs].fill_(runner.scratch_slot)
+        runner.rows[:bs].fill_(runner.scratch_row)
+        runner.seq_lens[:bs].fill_(context)
+        runner.backend.prepare_for_replay(runner._static_batch(bs, [context] * bs))
+        graph.replay()  # warm
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        out[str(bs)] = round(start.elapsed_time(end) / reps, 3)
+    runner.seq_lens.zero_()
+    return out
+
+
 def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
-    """bs=1: mean step time of plain decoding and of verify steps of K proposals (FixedProposer)."""
+    """bs=1: step time of plain decoding (as configured, then without overlap scheduling) and of
+    verify steps of K proposals (FixedProposer; as configured, then, where the outputs were
+    deferred, `verify_sync` without that); per run, the graph replays and eager runs of the timed
+    pass, the host time per phase of a profiled pass (`host_phases`), and per engine the device
+    time of each graph's replay."""
     k = args.num_speculative_tokens
     steps = args.max_tokens
     prompt = list(range(10, 10 + args.prompt_len))
     params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
     out: dict[str, Any] = {"k": k}
-    for speculative in (False, True):
-        llm = _llm(args, speculative)
+    llm: Any = None
+    for name in ("decode", "decode_sync", "verify", "verify_sync"):
+        speculative = name.startswith("verify")
+        if name == "decode_sync":  # the same engine, each step waited for before the next is planned
+            llm.scheduler.overlap = False
+        elif name == "verify_sync":  # the same engine, each step's outputs returned before the next launch
+            if not llm.scheduler.defer_outputs:
+                continue  # the verify run was that already
+            llm.scheduler.defer_outputs = False
+        else:
+            llm = None  # the last engine's memory goes before the next sizes its KV pool
+            llm = _llm(args, speculative)
         if speculative:
             llm.scheduler.spec.proposer = FixedProposer()
         llm.generate([prompt], params, use_tqdm=False)  # warm-up at these lengths
         if speculative:
             llm.scheduler.spec.stats = type(llm.scheduler.spec.stats)()
+        runner = llm.engine.runner
+        before = (getattr(runner, "replays", 0), getattr(runner, "eager_runs", 0))
         platform = llm.engine.platform
         platform.synchronize()
         start = time.perf_counter()
@@ -108,9 +234,27 @@ def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
         total = time.perf_counter() - start
         assert len(res.outputs[0].token_ids) == steps
         count = steps - 1 if not speculative else llm.scheduler.spec.stats.verify_steps
-        out["verify_step_ms" if speculative else "decode_step_ms"] = round(1000 * total / max(count, 1), 3)
-        del llm
+        out[f"{name}_mean_ms"] = round(1000 * total / max(count, 1), 3)
+        sched = llm.scheduler
+        detail = {"overlap": sched.overlap, "deferred_outputs": sched.defer_outputs,
+                  **_graph_record(llm, before), **_spec_record(llm)}  # fmt: skip
+        out[f"{name}_step_ms"] = step_ms(llm, prompt, params)
+        # Again under cProfile, for the host time per phase.
+        detail["host_phases"] = host_phases(partial(llm.generate, [prompt], params, use_tqdm=False))
+        if name in ("decode_sync", "verify"):  # once per engine
+            try:  # a diagnostic: its failure must not lose the timings
+                device = replay_device_ms(llm, args.prompt_len + steps // 2)
+            except Exception as exc:  # noqa: BLE001
+                device = None
+                detail["replay_device_error"] = repr(exc)
+            detail["replay_device_ms"] = device
+            size = "1" if name == "decode_sync" else str(k + 1)
+            if device is not None and size in device:  # the step's time less its graph's device time
+                out[f"{name}_exposed_host_ms"] = round(out[f"{name}_step_ms"] - device[size], 3)
+        out[name] = detail
     out["verify_over_decode"] = round(out["verify_step_ms"] / out["decode_step_ms"], 3)
+    out["verify_over_decode_sync"] = round(out["verify_step_ms"] / out["decode_sync_step_ms"], 3)
+    out["verify_over_decode_mean"] = round(out["verify_mean_ms"] / out["decode_mean_ms"], 3)
     return out
 
 

@@ -48,6 +48,10 @@ class EngineConfig:
     tp_size: int = 1
     cuda_graph_max_bs: int = 256  # 0 disables CUDA graphs
     max_running_requests: int = 256  # rows of the token table
+    # Decode entries one request may hold in a step: 1, or 1 + K with speculative decoding (a verify
+    # row, engine/speculative.py; build_scheduler sets it). The CUDA graphs are captured up to
+    # max_running_requests times this (at most cuda_graph_max_bs).
+    decode_entries_per_request: int = 1
     max_model_len: int | None = None  # cap on the model's context length
     seed: int = 0
     # Pad eager (prefill) steps' token and logits row counts to a few sizes, so cuBLAS sees GEMM
@@ -82,6 +86,8 @@ class EngineConfig:
             raise ValueError(
                 f"unknown quantization {self.quantization!r}: use one of {', '.join(get_args(Quantization))}"
             )
+        if self.decode_entries_per_request < 1:
+            raise ValueError(f"decode_entries_per_request must be >= 1, got {self.decode_entries_per_request}")
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.num_pages is not None and self.num_pages < 1:

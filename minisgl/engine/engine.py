@@ -17,7 +17,7 @@ from minisgl.attention.base import BaseAttnBackend
 from minisgl.attention.batch import ForwardBatch
 from minisgl.attention.registry import ATTN_BACKENDS
 from minisgl.core import Req, SamplingParams
-from minisgl.engine.graph import Runner, padded_rows
+from minisgl.engine.graph import Runner, graph_capacity, padded_rows
 from minisgl.distributed import TPInfo, get_tp_info, set_tp_info
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.resolve import resolve
@@ -211,7 +211,8 @@ class Engine:
     def _make_runner(self) -> "Runner":
         from minisgl.engine.graph import EagerRunner, GraphRunner
 
-        max_bs = min(self.config.cuda_graph_max_bs, self.config.max_running_requests)
+        cfg = self.config
+        max_bs = graph_capacity(cfg.cuda_graph_max_bs, cfg.max_running_requests, cfg.decode_entries_per_request)
         graphs_ok = type(self.attn_backend).init_graph_state is not BaseAttnBackend.init_graph_state
         # Not with LoRA: the graphs would capture one step's adapter segments.
         if self.platform.supports_graphs and max_bs > 0 and graphs_ok and self.task == "generate" and self.lora is None:

@@ -59,6 +59,21 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
     return sizes
 
 
+def graph_capacity(cuda_graph_max_bs: int, max_running_requests: int, entries_per_request: int = 1) -> int:
+    """The largest decode entry count captured: every running request's entries (1 + K each with
+    speculative decoding: a verify row is K + 1 decode entries), at most `cuda_graph_max_bs`."""
+    return min(cuda_graph_max_bs, max_running_requests * entries_per_request)
+
+
+def replay_size(sizes: list[int], batch: ForwardBatch) -> int | None:
+    """The captured size a batch replays (its entry count padded up), None: it runs eagerly
+    (not a decode batch, or more entries than the largest graph)."""
+    bs = batch.batch_size
+    if batch.phase != "decode" or not sizes or bs > sizes[-1]:
+        return None
+    return next(size for size in sizes if size >= bs)
+
+
 def padded_rows(n: int) -> int:
     """The row count an eager step pads `n` (tokens, or logits rows) to: a power of two up to 8,
     a multiple of 16 up to 1024 (the graph sizes up to there), then a multiple of n's top power of
@@ -106,6 +121,8 @@ class GraphRunner:
         self.arange = torch.arange(max_bs, **long)  # type: ignore[arg-type]
         self.arange32 = self.arange.int()
         self.ones32 = torch.ones(max_bs, dtype=torch.int32, device=device)
+        self.replays = 0  # steps replayed / run eagerly since start (bench spec --verify-cost reads them)
+        self.eager_runs = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         backend.init_graph_state(max_bs)
@@ -155,10 +172,12 @@ class GraphRunner:
         return self.eager.run_pooled(batch)  # steps with embedding requests are never decode steps
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
-        bs = batch.batch_size
-        if batch.phase != "decode" or bs > self.max_bs:
+        padded = replay_size(self.sizes, batch)
+        if padded is None:
+            self.eager_runs += 1
             return self.eager.run(batch)
-        padded = next(size for size in self.sizes if size >= bs)
+        self.replays += 1
+        bs = batch.batch_size
         self.input_ids[:bs].copy_(batch.input_ids)
         self.positions[:bs].copy_(batch.positions)
         self.out_loc[:bs].copy_(batch.out_loc)

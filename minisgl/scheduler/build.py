@@ -21,7 +21,10 @@ def build_scheduler(engine_config: EngineConfig, sched_config: SchedulerConfig) 
     from minisgl.engine.engine import Engine
     from minisgl.scheduler.scheduler import Scheduler
 
-    engine = Engine(replace(engine_config, max_running_requests=sched_config.max_running_requests))
+    # A speculating request's verify row is 1 + K decode entries (the graphs are captured for them).
+    k = sched_config.num_speculative_tokens if sched_config.speculative_algorithm is not None else 0
+    engine = Engine(replace(engine_config, max_running_requests=sched_config.max_running_requests,
+                            decode_entries_per_request=1 + k))  # fmt: skip
     proposer = None
     if sched_config.speculative_algorithm == "draft":
         proposer = _draft_proposer(engine, sched_config)
@@ -39,7 +42,8 @@ def _draft_proposer(target: Engine, sched_config: SchedulerConfig) -> DraftPropo
         raise ValueError("speculative decoding with a draft model runs at one rank (--tp 1)")
     assert sched_config.speculative_draft_model is not None
     draft = Engine(replace(config, model=sched_config.speculative_draft_model, weights="auto",
-                           num_pages=target.pool.num_pages, max_model_len=target.context_len))  # fmt: skip
+                           num_pages=target.pool.num_pages, max_model_len=target.context_len,
+                           decode_entries_per_request=1))  # fmt: skip
     return DraftProposer(draft, target.model_config.vocab_size, target.config.max_running_requests)
 
 

@@ -21,7 +21,7 @@ from minisgl.kvcache import BasePrefixCache, PageAllocator
 from minisgl.lora.manager import LoraManager, UnknownAdapterError
 from minisgl.message.frontend import SchedulerStats
 from minisgl.message.tokenizer import TokenOut
-from minisgl.scheduler.config import SchedulerConfig, resolve
+from minisgl.scheduler.config import SchedulerConfig, device_runs_async, resolve
 from minisgl.scheduler.controls import RequestControls
 from minisgl.scheduler.decode import DecodeSet
 from minisgl.scheduler.engine_api import LaunchedStepLike, SchedulerEngine
@@ -54,6 +54,7 @@ class InFlight:
 class Scheduler:
     def __init__(self, engine: SchedulerEngine, config: SchedulerConfig, proposer: Proposer | None = None) -> None:
         self.engine = engine
+        wants_overlap = device_runs_async(engine.platform) if config.overlap is None else config.overlap
         self.config = config = resolve(config, engine.platform)
         assert config.overlap is not None and config.max_prefill_tokens is not None
         self.page_size = engine.pool.page_size
@@ -80,6 +81,8 @@ class Scheduler:
         self.reqs: dict[int, Req] = {}
         self.num_retractions = 0
         self.overlap = config.overlap  # pays only where the device runs asynchronously to the host
+        # Speculation where overlap would pay: outputs are returned after the next launch (`_step_deferred`).
+        self.defer_outputs = self.spec is not None and wants_overlap
         self._inflight: InFlight | None = None
 
     def _speculative(self, config: SchedulerConfig, proposer: Proposer | None) -> SpeculativeDecoder | None:
@@ -226,13 +229,12 @@ class Scheduler:
         Without overlap that is this step. With overlap (CUDA), the step launched last time
         completes while this one runs, so the host plans step N+1 while the GPU computes step N;
         inputs not yet known on the host are read on the device (`StepPlan.from_prev`)."""
+        if self.defer_outputs:
+            return self._step_deferred()
         plan = self._plan()
         launched: InFlight | None = None
         if plan is not None:
-            step = self.engine.launch(plan, self._inflight.step if self._inflight else None)
-            pooled = step.pooled.reqs if step.pooled is not None else []
-            marks = self._advance(plan, step.sampled_reqs, pooled)
-            launched = InFlight(step, marks, self.controls.wants_logprobs, plan.drafts)
+            launched = self._launch(plan, self._inflight.step if self._inflight else None)
         outputs: list[TokenOut] = []
         if self.overlap:
             previous, self._inflight = self._inflight, launched
@@ -243,6 +245,27 @@ class Scheduler:
         if not self.decode.running and self._inflight is None:
             self.check_idle_invariants()
         return outputs
+
+    def _step_deferred(self) -> list[TokenOut]:
+        """A step with speculation on a device that runs asynchronously: the step launched by the
+        last call completes first (the next proposals continue its committed tokens), the next
+        step is planned and launched, and then the completed step's outputs are returned, so the
+        caller's work on them (detokenizing, sending) runs while the device computes. Each plan
+        sees every token of the steps before it, as without overlap."""
+        previous, self._inflight = self._inflight, None
+        outputs = self._complete(previous) if previous is not None else []
+        plan = self._plan()
+        if plan is not None:
+            self._inflight = self._launch(plan, None)
+        if not self.decode.running and self._inflight is None:
+            self.check_idle_invariants()
+        return outputs
+
+    def _launch(self, plan: StepPlan, prev: LaunchedStepLike | None) -> InFlight:
+        step = self.engine.launch(plan, prev)
+        pooled = step.pooled.reqs if step.pooled is not None else []
+        marks = self._advance(plan, step.sampled_reqs, pooled)
+        return InFlight(step, marks, self.controls.wants_logprobs, plan.drafts)
 
     def _plan(self) -> StepPlan | None:
         while True:

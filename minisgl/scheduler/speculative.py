@@ -17,6 +17,7 @@ not a prefill, so nothing is inserted at launch).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Container
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,6 +25,8 @@ from typing import Protocol
 from minisgl.core import Req, SamplingParams
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.scheduler.pages import PageManager, pages_for
+
+_ID_BYTES = array("i").itemsize  # token ids as C ints (every vocabulary fits)
 
 
 class Proposer(Protocol):
@@ -42,15 +45,26 @@ class Proposer(Protocol):
 
 def ngram_proposal(ids: list[int], limit: int, max_n: int, min_n: int) -> list[int]:
     """Up to `limit` tokens following the latest earlier occurrence of the last n tokens of
-    `ids`, trying n from `max_n` down to `min_n` (prompt lookup); [] when none occurs."""
+    `ids`, trying n from `max_n` down to `min_n` (prompt lookup); [] when none occurs.
+
+    The search runs over the ids' int32 bytes (`bytes.rfind`, C speed: a Python scan of a 2k-token
+    context without a match costs ~1-2 ms a step); a hit off a token boundary is skipped."""
     size = len(ids)
+    if size < 2 or limit <= 0:
+        return []
+    data = array("i", ids).tobytes()
+    width = _ID_BYTES
     for n in range(min(max_n, size - 1), min_n - 1, -1):
-        tail = ids[size - n :]
-        last = tail[-1]
-        # Candidate ends j (the n-gram is ids[j - n + 1 : j + 1]), latest first, before the tail.
-        for j in range(size - 2, n - 2, -1):
-            if ids[j] == last and ids[j - n + 1 : j + 1] == tail:
-                return ids[j + 1 : j + 1 + limit]
+        tail = data[(size - n) * width :]
+        # An occurrence ends before the tail's last token: it lies in ids[: size - 1].
+        end = (size - 1) * width
+        at = data.rfind(tail, 0, end)
+        while at > 0 and at % width:
+            end = at + len(tail) - 1  # the next candidate starts before this one
+            at = data.rfind(tail, 0, end)
+        if at >= 0:
+            follow = at // width + n
+            return ids[follow : follow + limit]
     return []
 
 

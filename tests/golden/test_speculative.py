@@ -63,8 +63,11 @@ def _assert_idle_and_full(llm: LLM) -> None:
     assert sched.allocator.num_free == sched.allocator.num_pages
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "deferred"])
 @pytest.mark.parametrize("algorithm", ["ngram", "draft"])
-def test_greedy_equal_under_chunking_preemption_and_mixed_batches(model_dir, draft_dir, algorithm):
+def test_greedy_equal_under_chunking_preemption_and_mixed_batches(model_dir, draft_dir, algorithm, overlap):
+    """`deferred`: overlap asked for (CUDA's default), so each step's outputs come back after the
+    next step's launch (Scheduler._step_deferred); every plan still sees all earlier tokens."""
     prompts = _prompts(16)
     max_tokens = [16 + (i * 7) % 40 for i in range(len(prompts))]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
@@ -74,8 +77,9 @@ def test_greedy_equal_under_chunking_preemption_and_mixed_batches(model_dir, dra
     # As tests/golden/test_scheduler_invariance.py: too few pages (retraction), a 16-token budget
     # (chunked prompts in the same steps as decodes and verify rows), a 1-token decode reserve.
     sched = SchedulerConfig(max_running_requests=16, max_prefill_tokens=16, decode_reserve_tokens=1,
-                            **_spec(algorithm, draft_dir))  # fmt: skip
+                            overlap=overlap, **_spec(algorithm, draft_dir))  # fmt: skip
     tight = LLM(model_dir, device="cpu", page_size=4, num_pages=40, scheduler_config=sched)
+    assert tight.scheduler.defer_outputs is overlap and not tight.scheduler.overlap
     batched = tight.generate(prompts, params, use_tqdm=False)
     assert tight.scheduler.num_retractions > 0, "the test must force preemption"
     stats = tight.scheduler.spec.stats

@@ -4,6 +4,7 @@ sampling steps, the draft mirror's common prefix, config and flag checks."""
 from __future__ import annotations
 
 import argparse
+import random
 
 import pytest
 
@@ -31,6 +32,31 @@ def test_ngram_falls_back_to_shorter_grams_and_to_nothing():
     assert ngram_proposal([1, 2, 3], 4, max_n=3, min_n=1) == []
     assert ngram_proposal([4], 4, max_n=3, min_n=1) == []
     assert ngram_proposal([4, 4], 4, max_n=3, min_n=1) == [4]  # the continuation may reach the tail
+
+
+def _scan(ids: list[int], limit: int, max_n: int, min_n: int) -> list[int]:
+    """Prompt lookup by a plain scan: the latest earlier occurrence of the longest tail n-gram."""
+    size = len(ids)
+    for n in range(min(max_n, size - 1), min_n - 1, -1):
+        for j in range(size - 2, n - 2, -1):
+            if ids[j - n + 1 : j + 1] == ids[size - n :]:
+                return ids[j + 1 : j + 1 + limit]
+    return []
+
+
+def test_ngram_byte_search_equals_a_scan():
+    """The byte search finds what a scan finds, hits off a token boundary skipped (ids whose
+    bytes repeat inside other ids: small and large vocabularies)."""
+    rng = random.Random(0)
+    for _ in range(3000):
+        vocab = rng.choice([2, 3, 7, 300, 70_000, 1 << 24, (1 << 31) - 1])
+        ids = [rng.randrange(vocab) for _ in range(rng.randrange(0, 40))]
+        limit, max_n = rng.randrange(0, 6), rng.randrange(1, 5)
+        min_n = rng.randrange(1, max_n + 1)
+        assert ngram_proposal(ids, limit, max_n, min_n) == _scan(ids, limit, max_n, min_n), (ids, limit, max_n, min_n)
+    # 0x01000000 holds the bytes of 1 shifted by one: [1, 1 << 8] must not match [1] off a boundary.
+    assert ngram_proposal([256, 1 << 24, 9, 1], 2, max_n=1, min_n=1) == []
+    assert ngram_proposal([1, 7, 256, 1 << 24, 9, 1], 2, max_n=1, min_n=1) == [7, 256]
 
 
 def test_ngram_proposer_over_prompt_and_output():

@@ -1,0 +1,104 @@
+"""CUDA graphs cover speculative decoding's verify step, checked on CPU: the graphs are captured up
+to 1 + K decode entries per running request, and every step after the prefill (verify rows, and
+the plain decodes near the end) is a decode batch that a captured size replays."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minisgl import LLM, SamplingParams
+from minisgl.attention.batch import ForwardBatch
+from minisgl.bench.spec import FixedProposer
+from minisgl.engine.graph import graph_batch_sizes, graph_capacity, replay_size
+from tests.tiny_models import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_llama_graph")
+    make_tiny_model("llama", path)
+    return str(path)
+
+
+def test_graph_capacity_counts_verify_entries():
+    assert graph_capacity(256, 1) == 1
+    assert graph_capacity(256, 1, 5) == 5  # one request's verify row: K + 1 entries
+    assert graph_capacity(256, 8, 5) == 40
+    assert graph_capacity(256, 256, 5) == 256  # the flag still caps it
+    assert graph_capacity(0, 8, 5) == 0  # graphs off
+
+
+class _Recording:
+    """Runs eagerly (CPU) and records the captured size each batch would replay (None: eager)."""
+
+    def __init__(self, inner, sizes: list[int]) -> None:
+        self.inner = inner
+        self.sizes = sizes
+        self.seen: list[tuple[str, int, int | None]] = []
+
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        self.seen.append((batch.phase, batch.batch_size, replay_size(self.sizes, batch)))
+        return self.inner.run(batch)
+
+
+@pytest.mark.parametrize("running", [1, 3])
+def test_verify_steps_take_the_graph_path(model_dir, running):
+    k = 4
+    llm = LLM(model_dir, device="cpu", page_size=4, num_pages=512, max_running_requests=running,
+              speculative_algorithm="ngram", num_speculative_tokens=k)  # fmt: skip
+    cfg = llm.engine.config
+    assert cfg.decode_entries_per_request == k + 1  # build_scheduler tells the engine a verify row's size
+    # What Engine._make_runner captures on CUDA for this config.
+    sizes = graph_batch_sizes(graph_capacity(cfg.cuda_graph_max_bs, cfg.max_running_requests, cfg.decode_entries_per_request))
+    assert sizes[-1] == running * (k + 1)
+    llm.scheduler.spec.proposer = FixedProposer()  # K proposals every step, whatever the model
+    recording = _Recording(llm.engine.runner, sizes)
+    llm.engine.runner = recording
+    prompts = [[5 + i, 6, 7, 8, 9] for i in range(running)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    got = [r.outputs[0].token_ids for r in llm.generate(prompts, params, use_tqdm=False)]
+    stats = llm.scheduler.spec.stats
+    assert stats.verify_steps > 0
+    decodes = [(bs, size) for phase, bs, size in recording.seen if phase == "decode"]
+    # Every step but the prefill is a decode batch, replayed by a captured size.
+    assert len(decodes) == len(recording.seen) - 1
+    assert all(size is not None and size >= bs for bs, size in decodes)
+    assert max(bs for bs, _ in decodes) == running * (k + 1)  # all requests verifying K proposals at once
+    # The recording changed nothing: greedy equals decoding without speculation.
+    plain = LLM(model_dir, device="cpu", page_size=4, num_pages=512, max_running_requests=running)
+    assert got == [r.outputs[0].token_ids for r in plain.generate(prompts, params, use_tqdm=False)]
+
+
+def test_deferred_outputs_come_back_after_the_next_launch(model_dir):
+    """Speculation with overlap asked for (CUDA's default): each `step()` completes the step the
+    last call launched, launches the next, then returns the completed step's outputs, so the
+    caller's work on them overlaps the device; the tokens are those of the synchronous order."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7]
+    llm = LLM(model_dir, device="cpu", page_size=4, num_pages=512, max_running_requests=1, overlap=True,
+              speculative_algorithm="ngram", num_speculative_tokens=4)  # fmt: skip
+    sched = llm.scheduler
+    assert sched.defer_outputs and not sched.overlap
+    sched.spec.proposer = FixedProposer()
+    recording = _Recording(llm.engine.runner, [])
+    llm.engine.runner = recording
+    sched.add_request(1 << 40, prompt, params)
+    tokens: list[int] = []
+    calls = 0
+    while sched.has_work():
+        outs = sched.step()
+        calls += 1
+        launches = len(recording.seen)
+        if calls == 1:
+            assert outs == [] and launches == 1  # the prefill launched, nothing completed yet
+            continue
+        assert len(outs) == 1  # the step launched by the call before
+        tokens += outs[0].token_ids
+        if outs[0].finish_reason is None:
+            assert launches == calls  # the next step was launched before these outputs came back
+        else:
+            assert launches == calls - 1 and not sched.has_work()
+    assert sched.spec.stats.verify_steps > 0
+    plain = LLM(model_dir, device="cpu", page_size=4, num_pages=512, max_running_requests=1)
+    assert tokens == plain.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
