@@ -8,8 +8,10 @@ is the dequantize-then-fp32-matmul result up to summation order.
 per-call path for a layer (GEMV up to GEMV_MAX_ROWS rows, GEMM beyond). Two kernels, both split over output rows across `torch.get_num_threads()` OpenMP threads:
 - GEMV (`quant_gemv`, up to ~8 activation rows: decode): a few weight rows x up to 4 activation
   rows per register tile; each weight byte is read from memory once per call.
-- GEMM (`quant_gemm`, prefill): 32 weight rows at a time dequantized into an fp32 panel, then
-  register-tiled dot products over all activation rows.
+- GEMM (`quant_gemm`, prefill and batched decode): x packed once per call into blocks of 2 vectors
+  of rows (k-major, shared by the threads), 48 weight rows at a time dequantized into an fp32
+  panel, then an outer-product register tile (2 x-vectors x 6 broadcast weights on AVX2, x 12 on
+  AVX-512): no horizontal sums, and each load feeds 1.5-2.4 FMAs.
 
 Three code paths, picked at run time (`set_isa`, or `isa=` per call): "avx512" (F/BW/VL),
 "avx2" (+FMA, F16C), "portable" (plain C++, any target); "auto" takes the best the CPU has. The

@@ -6,8 +6,9 @@
 - GEMV and GEMM on every path (avx512 where the CPU has it, avx2, portable), every type, odd
   shapes, equal the reference (dequantize, then torch fp32 matmul) within fp32 rounding.
   Tolerance: both sides sum the same fp32 products x_i * w_i in different orders, so each is
-  within ~(depth * 2^-24) * sum|x_i * w_i| of the exact sum; with the kernels' blocked sums (per
-  vector lane, then a horizontal add) and torch's, depth stays far below K, and 1e-5 relative to
+  within ~(depth * 2^-24) * sum|x_i * w_i| of the exact sum; with the kernels' blocked sums (GEMV:
+  per vector lane, then a horizontal add; GEMM: chunks of 64 k, then the chunks' sum) and torch's,
+  depth stays far below K, and 1e-5 relative to
   sum|x_i * w_i| (= |x| @ |W|^T) holds with margin for K up to a few thousand, while a wrong
   weight, scale or offset anywhere moves the output by orders of magnitude more.
 - Outputs are bit-identical for any thread count (each output row is summed by one thread).
@@ -132,10 +133,10 @@ def test_gemm_matches_reference(lib: cpu_quant.QuantLib, isa: str, name: str) ->
     _need(lib, isa)
     q = QUANT_TYPES[name]
     for k in k_values(q):
-        for n in (3, 33, 70):  # below, just past and between the 32-row panels; not tile multiples
+        for n in (3, 33, 49, 70):  # below, inside, just past the 48-row panels; not tile multiples
             weight = random_blocks(q, n, k, seed=3 * n + k)
             w = dequantize_ref(weight, name)
-            for m in (1, 6, 9, 37):
+            for m in (1, 6, 9, 16, 17, 37):  # one or two vectors of rows per packed block, tails
                 x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
                 check_close(lib.matmul(x, weight, name, isa, "gemm"), x, w)
 
