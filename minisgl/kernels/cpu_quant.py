@@ -10,8 +10,9 @@ per-call path for a layer (GEMV up to GEMV_MAX_ROWS rows, GEMM beyond). Two kern
   rows per register tile; each weight byte is read from memory once per call.
 - GEMM (`quant_gemm`, prefill and batched decode): x packed once per call into blocks of 2 vectors
   of rows (k-major, shared by the threads), 48 weight rows at a time dequantized into an fp32
-  panel, then an outer-product register tile (2 x-vectors x 6 broadcast weights on AVX2, x 12 on
-  AVX-512): no horizontal sums, and each load feeds 1.5-2.4 FMAs.
+  panel laid out in 64-k chunks, then an outer-product register tile (2 x-vectors x 6 broadcast
+  weights on AVX2, x 12 on AVX-512) over one L1-sized k-chunk at a time: no horizontal sums, each
+  load feeds 1.5-2.4 FMAs, the chunk's sums added to an output tile written out row by row.
 
 Three code paths, picked at run time (`set_isa`, or `isa=` per call): "avx512" (F/BW/VL),
 "avx2" (+FMA, F16C), "portable" (plain C++, any target); "auto" takes the best the CPU has. The

@@ -114,7 +114,8 @@ int minisgl_quant_matmul(int qtype, const uint8_t* w, int64_t rb, int64_t N, con
 #endif
           status |= portable::gemv(qtype, w, rb, x, M, K, y, N, n0, n1);
       } else {
-        float* scratch = (float*)aligned_alloc(64, (size_t)(GEMM_NB * K * sizeof(float) + 63) / 64 * 64);
+        const int64_t kp = (K + GEMM_KC - 1) / GEMM_KC * GEMM_KC;
+        float* scratch = (float*)aligned_alloc(64, (size_t)(GEMM_NB * kp * sizeof(float) + 63) / 64 * 64);
         if (scratch == nullptr) {
           status |= 4;
         } else {

@@ -182,11 +182,12 @@ static void gemv_q(const uint8_t* w, int64_t rb, const float* x, int64_t M, int6
 // ---- GEMM: x packed once per call, a panel of GEMM_NB weight rows dequantized to fp32, then an ---
 // outer-product micro-kernel: per k, MV vectors of x (XB = 2 VL activation rows side by side) times
 // NRB broadcast weights into NRB x MV accumulators. Every output is one accumulator lane, so there
-// is no horizontal sum, and each weight and x value loaded feeds MV / NRB FMAs. Partial sums are
-// flushed every GEMM_KC values of k (summation depth GEMM_KC + K / GEMM_KC, not K).
+// is no horizontal sum, and each weight and x value loaded feeds MV / NRB FMAs. Each chunk of
+// GEMM_KC values of k is summed from zero, then added to the output tile (summation depth
+// GEMM_KC + K / GEMM_KC, not K).
 
 constexpr int XB = 2 * V::VL;  // activation rows per packed block
-constexpr int64_t GEMM_KC = 64;
+static_assert(GEMM_KC % 32 == 0, "a 32-element chunk of a block lands in one k-chunk");
 
 // xp[b][k][i] = x[b * XB + i][k] (rows past M are 0), for the k in this thread's share.
 void pack_x(const float* x, int64_t M, int64_t K, float* xp, int t, int nt) {
@@ -220,54 +221,89 @@ static void dequant_rows(const uint8_t* w, int64_t rb, int64_t K, int64_t n0, in
   }
 }
 
-// y[m0 .. m0 + MV VL, n0 + j0 .. + NRB] from the packed block xb and panel rows j0..; panel rows
-// past `rows` are clamped to the last one and outputs past M or `rows` are not stored.
-template <int MV, int NRB>
-static inline void gemm_micro(const float* xb, int64_t M, int64_t K, const float* panel, int64_t rows,
-                              float* y, int64_t N, int64_t m0, int64_t n0, int64_t j0) {
-  const float* wr[NRB];
-  for (int j = 0; j < NRB; ++j) wr[j] = panel + (j0 + j < rows ? j0 + j : rows - 1) * K;
-  F sum[NRB][MV];
-  for (int j = 0; j < NRB; ++j)
-    for (int v = 0; v < MV; ++v) sum[j][v] = V::zero();
-  for (int64_t kc = 0; kc < K; kc += GEMM_KC) {
-    const int64_t ke = kc + GEMM_KC < K ? kc + GEMM_KC : K;
-    F acc[NRB][MV];
-    for (int j = 0; j < NRB; ++j)
-      for (int v = 0; v < MV; ++v) acc[j][v] = V::zero();
-    for (int64_t k = kc; k < ke; ++k) {
-      F xv[MV];
-      for (int v = 0; v < MV; ++v) xv[v] = V::load(xb + k * XB + v * V::VL);
-      for (int j = 0; j < NRB; ++j) {
-        const F wv = V::set1(wr[j][k]);
-        for (int v = 0; v < MV; ++v) acc[j][v] = V::fma(wv, xv[v], acc[j][v]);
+// The GEMM's panel: rows n0 .. n0 + rows dequantized as [ceil(K / GEMM_KC)][GEMM_NB][GEMM_KC], so
+// the weights a tile broadcasts for one k sit at constant offsets from one pointer (12 row
+// pointers would not fit the general registers); rows past `rows` are zeros.
+template <class Q>
+static void dequant_panel(const uint8_t* w, int64_t rb, int64_t K, int64_t n0, int64_t rows, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = w + (n0 + r) * rb;
+    for (int64_t bi = 0; bi < K / Q::QK; ++bi) {
+      const uint8_t* b = row + bi * Q::BYTES;
+      float sc[Q::SC];
+      Q::scales(b, sc);
+      for (int c = 0; c < Q::NC; ++c) {
+        F wv[NV];
+        Q::chunk(b, sc, c, wv);
+        const int64_t k = bi * Q::QK + 32 * c;
+        float* o = out + (k / GEMM_KC) * (GEMM_NB * GEMM_KC) + r * GEMM_KC + k % GEMM_KC;
+        for (int v = 0; v < NV; ++v) V::store(o + v * V::VL, wv[v]);
       }
     }
-    for (int j = 0; j < NRB; ++j)
-      for (int v = 0; v < MV; ++v) sum[j][v] = V::add(sum[j][v], acc[j][v]);
   }
-  float out[MV * V::VL];
-  const int mi = M - m0 < MV * V::VL ? (int)(M - m0) : MV * V::VL;
-  for (int j = 0; j < NRB && j0 + j < rows; ++j) {
-    for (int v = 0; v < MV; ++v) V::store(out + v * V::VL, sum[j][v]);
-    for (int i = 0; i < mi; ++i) y[(m0 + i) * N + n0 + j0 + j] = out[i];
-  }
+  if (rows < GEMM_NB)
+    for (int64_t kc = 0; kc < K; kc += GEMM_KC)
+      memset(out + (kc / GEMM_KC) * (GEMM_NB * GEMM_KC) + rows * GEMM_KC, 0, (GEMM_NB - rows) * GEMM_KC * sizeof(float));
 }
 
+// The partial sums of panel rows j0 .. j0 + NRB over k in [kc, ke) for one packed block xb, added
+// into the tile c[GEMM_NB][XB] (stored, when `first`).
+template <int MV, int NRB>
+static inline void gemm_micro(const float* xb, const float* panel, int64_t j0, int64_t kc, int64_t ke,
+                              float* c, bool first) {
+  const float* wp = panel + (kc / GEMM_KC) * (GEMM_NB * GEMM_KC) + j0 * GEMM_KC - kc;  // wp[j * KC + k]
+  F acc[NRB][MV];
+  for (int j = 0; j < NRB; ++j)
+    for (int v = 0; v < MV; ++v) acc[j][v] = V::zero();
+  for (int64_t k = kc; k < ke; ++k) {
+    F xv[MV];
+    for (int v = 0; v < MV; ++v) xv[v] = V::load(xb + k * XB + v * V::VL);
+    for (int j = 0; j < NRB; ++j) {
+      const F wv = V::set1(wp[j * GEMM_KC + k]);
+      for (int v = 0; v < MV; ++v) acc[j][v] = V::fma(wv, xv[v], acc[j][v]);
+    }
+  }
+  for (int j = 0; j < NRB; ++j)
+    for (int v = 0; v < MV; ++v) {
+      float* cp = c + (j0 + j) * XB + v * V::VL;
+      V::store(cp, first ? acc[j][v] : V::add(V::load(cp), acc[j][v]));
+    }
+}
+
+// Loop order per panel and packed block: chunks of GEMM_KC k outer, tiles inner, so the chunk of
+// x (GEMM_KC x XB floats) and of the panel (GEMM_NB x GEMM_KC) stay in L1 across the tiles.
 template <class Q>
 static void gemm_q(const uint8_t* w, int64_t rb, const float* xp, int64_t M, int64_t K, float* y,
                    int64_t N, int64_t n0, int64_t n1, float* scratch) {
   constexpr int NRB2 = V::GEMM_NRB, NRB1 = 2 * V::GEMM_NRB;  // weight rows per tile at MV = 2, 1
-  static_assert(GEMM_NB % NRB1 == 0, "the panel holds whole tiles");
+  static_assert(GEMM_NB % NRB1 == 0 && GEMM_NB % NRB2 == 0, "the panel holds whole tiles");
+  float c[GEMM_NB * XB];
   for (int64_t nb = n0; nb < n1; nb += GEMM_NB) {
     const int64_t rows = nb + GEMM_NB < n1 ? GEMM_NB : n1 - nb;
-    dequant_rows<Q>(w, rb, K, nb, rows, scratch);
+    dequant_panel<Q>(w, rb, K, nb, rows, scratch);
+    // The next panel's blocks (contiguous rows) are fetched while this one is multiplied, a slice
+    // per k-chunk of the first packed block, so its dequantization does not wait on memory.
+    const uint8_t* next = w + (nb + GEMM_NB) * rb;
+    const int64_t next_bytes = (nb + 2 * GEMM_NB <= n1 ? GEMM_NB : (n1 > nb + GEMM_NB ? n1 - nb - GEMM_NB : 0)) * rb;
+    const int64_t slice = (next_bytes * GEMM_KC / K + 63) / 64 * 64;
+    int64_t fetched = 0;
     for (int64_t m0 = 0; m0 < M; m0 += XB) {
       const float* xb = xp + m0 * K;
-      if (M - m0 > V::VL) {
-        for (int64_t j = 0; j < rows; j += NRB2) gemm_micro<2, NRB2>(xb, M, K, scratch, rows, y, N, m0, nb, j);
-      } else {  // at most VL rows left: one vector of x per k, twice the weight rows
-        for (int64_t j = 0; j < rows; j += NRB1) gemm_micro<1, NRB1>(xb, M, K, scratch, rows, y, N, m0, nb, j);
+      const bool two = M - m0 > V::VL;  // else at most VL rows left: one x vector, twice the rows
+      for (int64_t kc = 0; kc < K; kc += GEMM_KC) {
+        const int64_t ke = kc + GEMM_KC < K ? kc + GEMM_KC : K;
+        for (int64_t e = fetched + slice; fetched < next_bytes && fetched < e; fetched += 64)
+          __builtin_prefetch(next + fetched);
+        if (two) {
+          for (int64_t j = 0; j < rows; j += NRB2) gemm_micro<2, NRB2>(xb, scratch, j, kc, ke, c, kc == 0);
+        } else {
+          for (int64_t j = 0; j < rows; j += NRB1) gemm_micro<1, NRB1>(xb, scratch, j, kc, ke, c, kc == 0);
+        }
+      }
+      const int mi = M - m0 < XB ? (int)(M - m0) : XB;
+      for (int i = 0; i < mi; ++i) {  // row by row: runs of `rows` consecutive outputs
+        float* yr = y + (m0 + i) * N + nb;
+        for (int64_t j = 0; j < rows; ++j) yr[j] = c[j * XB + i];
       }
     }
   }
