@@ -122,7 +122,7 @@ def test_gemv_matches_reference(lib: cpu_quant.QuantLib, isa: str, name: str) ->
         for n in (1, 5, 37, 197):
             weight = random_blocks(q, n, k, seed=n + k)
             w = dequantize_ref(weight, name)
-            for m in (1, 2, 3, 4, 5, 7, 8):
+            for m in (1, 2, 3, 4, 5, 7, 8, 11, 12):  # up to GEMV_MAX_ROWS: groups of 4 and tails
                 x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
                 check_close(lib.matmul(x, weight, name, isa, "gemv"), x, w)
 
@@ -182,10 +182,10 @@ def test_dispatch_and_public_api(lib: cpu_quant.QuantLib) -> None:
     check_close(cpu_quant.quant_matmul(x18, weight, 8), x18, w)
     qm = cpu_quant.QuantMatrix.create(weight, "Q8_0")
     assert (qm.n, qm.k) == (9, 64)
-    for rows in (1, 8, 9, 20):  # both sides of GEMV_MAX_ROWS; 3-D input keeps its leading dims
+    for rows in (1, 8, 9, cpu_quant.GEMV_MAX_ROWS, cpu_quant.GEMV_MAX_ROWS + 1, 20):  # both sides of GEMV_MAX_ROWS
         xr = torch.randn(rows, 64)
         check_close(cpu_quant.quant_linear(xr, qm), xr, w)
-    assert cpu_quant.quant_linear(x, qm).shape == (2, 3, 9)
+    assert cpu_quant.quant_linear(x, qm).shape == (2, 3, 9)  # 3-D input keeps its leading dims
     check_close(cpu_quant.quant_linear(x[:, :, :], qm).reshape(6, 9), x.reshape(6, 64), w)
     xt = torch.randn(64, 4).T  # non-contiguous rows
     check_close(cpu_quant.quant_linear(xt, qm, isa="portable"), xt, w)
