@@ -6,10 +6,13 @@ is the dequantize-then-fp32-matmul result up to summation order.
 
 `QuantMatrix.create(blocks, qtype)` validates a tensor once; `quant_linear(x, qm)` is the lean
 per-call path for a layer (GEMV up to GEMV_MAX_ROWS rows, GEMM beyond). Two kernels, both split over output rows across `torch.get_num_threads()` OpenMP threads:
-- GEMV (`quant_gemv`, up to ~8 activation rows: decode): a few weight rows x up to 4 activation
+- GEMV (`quant_gemv`, up to GEMV_MAX_ROWS = 12 activation rows: decode): a few weight rows x up to 4 activation
   rows per register tile; each weight byte is read from memory once per call.
-- GEMM (`quant_gemm`, prefill): 32 weight rows at a time dequantized into an fp32 panel, then
-  register-tiled dot products over all activation rows.
+- GEMM (`quant_gemm`, prefill and batched decode): x packed once per call into blocks of 2 vectors
+  of rows (k-major, shared by the threads), 48 weight rows at a time dequantized into an fp32
+  panel laid out in 64-k chunks, then an outer-product register tile (2 x-vectors x 6 broadcast
+  weights on AVX2, x 12 on AVX-512) over one L1-sized k-chunk at a time: no horizontal sums, each
+  load feeds 1.5-2.4 FMAs, the chunk's sums added to an output tile written out row by row.
 
 Three code paths, picked at run time (`set_isa`, or `isa=` per call): "avx512" (F/BW/VL),
 "avx2" (+FMA, F16C), "portable" (plain C++, any target); "auto" takes the best the CPU has. The
@@ -38,7 +41,9 @@ logger = get_logger(__name__)
 
 Isa = Literal["avx512", "avx2", "portable"]
 ISAS: tuple[Isa, ...] = ("portable", "avx2", "avx512")  # index = the C++ ISA id
-GEMV_MAX_ROWS = 8  # quant_matmul takes the GEMV up to this many activation rows
+# quant_matmul takes the GEMV up to this many activation rows: one thread, SmolLM2's shapes, the GEMV
+# is faster up to ~11 rows on AVX2 and ~15 on AVX-512 (tools/bench_cpu_quant.py --rows, 2026-12-01).
+GEMV_MAX_ROWS = 12
 _CSRC = Path(__file__).with_name("csrc")
 _ERRORS = {1: "unsupported type", 2: "ISA not compiled in or not supported by this CPU",
            3: "K is not a multiple of the block size", 4: "out of memory"}  # fmt: skip

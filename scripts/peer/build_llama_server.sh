@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# Build llama.cpp's `llama-server` (CPU, native flags) from the llama.cpp tree that the PyPI sdist
+# Build llama.cpp's `llama-server` (CPU; native flags, or AVX2-only with LLAMA_ISA=avx2) from the llama.cpp tree that the PyPI sdist
 # of llama-cpp-python vendors. Everything lives in a cache dir outside the repo; nothing of
 # llama.cpp is ever committed. Prints the path of the binary on its last line.
 #   bash scripts/peer/build_llama_server.sh [CACHE_DIR]
-# Env: LLAMA_CPP_PYTHON_VERSION (default 0.3.36), JOBS (default 2).
+# Env: LLAMA_CPP_PYTHON_VERSION (default 0.3.36), JOBS (default 2), LLAMA_ISA (native: GGML_NATIVE,
+#      the build's own CPU; avx2: GGML_NATIVE=OFF with AVX/AVX2/FMA/F16C/BMI2 on and every AVX-512/AMX/
+#      AVX-VNNI flag off, what a Zen 3 or a client Intel chip runs; its own build dir, build-V-avx2).
 set -euo pipefail
 CACHE=${1:-${MINISGL_PEER_CACHE:-$HOME/.cache/minisgl-peer}}
 VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 JOBS=${JOBS:-2}
 PY=${PYTHON:-python3}
 SRC=$CACHE/src/llama_cpp_python-$VERSION/vendor/llama.cpp
-BUILD=$CACHE/build-$VERSION
+LLAMA_ISA=${LLAMA_ISA:-native}
+case $LLAMA_ISA in
+    native) BUILD=$CACHE/build-$VERSION; ISA_FLAGS=(-DGGML_NATIVE=ON) ;;
+    avx2) BUILD=$CACHE/build-$VERSION-avx2
+          ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+                     -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF
+                     -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF) ;;
+    *) echo "[peer-build] LLAMA_ISA must be native or avx2, not $LLAMA_ISA" >&2; exit 2 ;;
+esac
 BIN=$BUILD/bin/llama-server
 
 log() { echo "[peer-build] $*" >&2; }
@@ -33,9 +43,9 @@ if [ ! -f "$SRC/CMakeLists.txt" ]; then
 fi
 # The UI would be fetched from a hub at configure time (no network here) and is not needed;
 # OpenSSL and curl only serve model downloads.
-log "configuring (Release, GGML_NATIVE=ON) in $BUILD"
+log "configuring (Release, ${ISA_FLAGS[*]}) in $BUILD"
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
+    "${ISA_FLAGS[@]}" -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
     -DBUILD_SHARED_LIBS=OFF >&2

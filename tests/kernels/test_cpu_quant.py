@@ -6,8 +6,9 @@
 - GEMV and GEMM on every path (avx512 where the CPU has it, avx2, portable), every type, odd
   shapes, equal the reference (dequantize, then torch fp32 matmul) within fp32 rounding.
   Tolerance: both sides sum the same fp32 products x_i * w_i in different orders, so each is
-  within ~(depth * 2^-24) * sum|x_i * w_i| of the exact sum; with the kernels' blocked sums (per
-  vector lane, then a horizontal add) and torch's, depth stays far below K, and 1e-5 relative to
+  within ~(depth * 2^-24) * sum|x_i * w_i| of the exact sum; with the kernels' blocked sums (GEMV:
+  per vector lane, then a horizontal add; GEMM: chunks of 64 k, then the chunks' sum) and torch's,
+  depth stays far below K, and 1e-5 relative to
   sum|x_i * w_i| (= |x| @ |W|^T) holds with margin for K up to a few thousand, while a wrong
   weight, scale or offset anywhere moves the output by orders of magnitude more.
 - Outputs are bit-identical for any thread count (each output row is summed by one thread).
@@ -121,7 +122,7 @@ def test_gemv_matches_reference(lib: cpu_quant.QuantLib, isa: str, name: str) ->
         for n in (1, 5, 37, 197):
             weight = random_blocks(q, n, k, seed=n + k)
             w = dequantize_ref(weight, name)
-            for m in (1, 2, 3, 4, 5, 7, 8):
+            for m in (1, 2, 3, 4, 5, 7, 8, 11, 12):  # up to GEMV_MAX_ROWS: groups of 4 and tails
                 x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
                 check_close(lib.matmul(x, weight, name, isa, "gemv"), x, w)
 
@@ -132,10 +133,10 @@ def test_gemm_matches_reference(lib: cpu_quant.QuantLib, isa: str, name: str) ->
     _need(lib, isa)
     q = QUANT_TYPES[name]
     for k in k_values(q):
-        for n in (3, 33, 70):  # below, just past and between the 32-row panels; not tile multiples
+        for n in (3, 33, 49, 70):  # below, inside, just past the 48-row panels; not tile multiples
             weight = random_blocks(q, n, k, seed=3 * n + k)
             w = dequantize_ref(weight, name)
-            for m in (1, 6, 9, 37):
+            for m in (1, 6, 9, 16, 17, 37):  # one or two vectors of rows per packed block, tails
                 x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
                 check_close(lib.matmul(x, weight, name, isa, "gemm"), x, w)
 
@@ -181,10 +182,10 @@ def test_dispatch_and_public_api(lib: cpu_quant.QuantLib) -> None:
     check_close(cpu_quant.quant_matmul(x18, weight, 8), x18, w)
     qm = cpu_quant.QuantMatrix.create(weight, "Q8_0")
     assert (qm.n, qm.k) == (9, 64)
-    for rows in (1, 8, 9, 20):  # both sides of GEMV_MAX_ROWS; 3-D input keeps its leading dims
+    for rows in (1, 8, 9, cpu_quant.GEMV_MAX_ROWS, cpu_quant.GEMV_MAX_ROWS + 1, 20):  # both sides of GEMV_MAX_ROWS
         xr = torch.randn(rows, 64)
         check_close(cpu_quant.quant_linear(xr, qm), xr, w)
-    assert cpu_quant.quant_linear(x, qm).shape == (2, 3, 9)
+    assert cpu_quant.quant_linear(x, qm).shape == (2, 3, 9)  # 3-D input keeps its leading dims
     check_close(cpu_quant.quant_linear(x[:, :, :], qm).reshape(6, 9), x.reshape(6, 64), w)
     xt = torch.randn(64, 4).T  # non-contiguous rows
     check_close(cpu_quant.quant_linear(xt, qm, isa="portable"), xt, w)

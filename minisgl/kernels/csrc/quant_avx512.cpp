@@ -25,7 +25,7 @@ namespace avx512 {
 
 struct V {
   static constexpr int VL = 16;
-  static constexpr int GEMM_MR = 4, GEMM_NR = 4;
+  static constexpr int GEMM_NRB = 12;  // 2 x 12 accumulators + 2 x + 1 broadcast of 32 registers
   using F = __m512;
   using I = __m128i;
   static inline F zero() { return _mm512_setzero_ps(); }

@@ -13,7 +13,8 @@ namespace minisgl_quant {
   namespace NS {                                                                                    \
   int gemv(int qtype, const uint8_t* w, int64_t rb, const float* x, int64_t M, int64_t K, float* y, \
            int64_t N, int64_t n0, int64_t n1);                                                      \
-  int gemm(int qtype, const uint8_t* w, int64_t rb, const float* x, int64_t M, int64_t K, float* y, \
+  void pack_x(const float* x, int64_t M, int64_t K, float* xp, int t, int nt);                    \
+  int gemm(int qtype, const uint8_t* w, int64_t rb, const float* xp, int64_t M, int64_t K, float* y, \
            int64_t N, int64_t n0, int64_t n1, float* scratch);                                      \
   int dequantize(int qtype, const uint8_t* w, int64_t rb, int64_t K, int64_t n0, int64_t n1,        \
                  float* out);                                                                       \
@@ -82,11 +83,28 @@ int minisgl_quant_matmul(int qtype, const uint8_t* w, int64_t rb, int64_t N, con
   int64_t units = (N + align - 1) / align;
   int nt = nthreads < 1 ? 1 : nthreads;
   if (nt > units) nt = (int)units;
+  // GEMM: x is packed once (each thread its share of k), shared by all threads after a barrier.
+  float* xp = nullptr;
+  if (mode != 0) {
+    const int64_t mp = (M + GEMM_XB_MAX - 1) / GEMM_XB_MAX * GEMM_XB_MAX;
+    xp = (float*)aligned_alloc(64, (size_t)(mp * K * sizeof(float) + 63) / 64 * 64);
+    if (xp == nullptr) return 4;
+  }
   int status = 0;
 #pragma omp parallel num_threads(nt) reduction(| : status)
   {
+    const int t = omp_get_thread_num(), tn = omp_get_num_threads();
+    if (mode != 0) {
+#ifdef MINISGL_QUANT_HAVE_X86
+      if (isa == ISA_AVX512) avx512::pack_x(x, M, K, xp, t, tn);
+      else if (isa == ISA_AVX2) avx2::pack_x(x, M, K, xp, t, tn);
+      else
+#endif
+        portable::pack_x(x, M, K, xp, t, tn);
+#pragma omp barrier
+    }
     int64_t n0, n1;
-    split_rows(N, align, omp_get_thread_num(), omp_get_num_threads(), &n0, &n1);
+    split_rows(N, align, t, tn, &n0, &n1);
     if (n0 < n1) {
       if (mode == 0) {
 #ifdef MINISGL_QUANT_HAVE_X86
@@ -96,21 +114,23 @@ int minisgl_quant_matmul(int qtype, const uint8_t* w, int64_t rb, int64_t N, con
 #endif
           status |= portable::gemv(qtype, w, rb, x, M, K, y, N, n0, n1);
       } else {
-        float* scratch = (float*)aligned_alloc(64, (size_t)(GEMM_NB * K * sizeof(float) + 63) / 64 * 64);
+        const int64_t kp = (K + GEMM_KC - 1) / GEMM_KC * GEMM_KC;
+        float* scratch = (float*)aligned_alloc(64, (size_t)(GEMM_NB * kp * sizeof(float) + 63) / 64 * 64);
         if (scratch == nullptr) {
           status |= 4;
         } else {
 #ifdef MINISGL_QUANT_HAVE_X86
-          if (isa == ISA_AVX512) status |= avx512::gemm(qtype, w, rb, x, M, K, y, N, n0, n1, scratch);
-          else if (isa == ISA_AVX2) status |= avx2::gemm(qtype, w, rb, x, M, K, y, N, n0, n1, scratch);
+          if (isa == ISA_AVX512) status |= avx512::gemm(qtype, w, rb, xp, M, K, y, N, n0, n1, scratch);
+          else if (isa == ISA_AVX2) status |= avx2::gemm(qtype, w, rb, xp, M, K, y, N, n0, n1, scratch);
           else
 #endif
-            status |= portable::gemm(qtype, w, rb, x, M, K, y, N, n0, n1, scratch);
+            status |= portable::gemm(qtype, w, rb, xp, M, K, y, N, n0, n1, scratch);
           free(scratch);
         }
       }
     }
   }
+  free(xp);
   return status;
 }
 

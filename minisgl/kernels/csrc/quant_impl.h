@@ -179,7 +179,29 @@ static void gemv_q(const uint8_t* w, int64_t rb, const float* x, int64_t M, int6
   }
 }
 
-// ---- GEMM: dequantize a panel of GEMM_NB weight rows to fp32, then register-tiled dot products --
+// ---- GEMM: x packed once per call, a panel of GEMM_NB weight rows dequantized to fp32, then an ---
+// outer-product micro-kernel: per k, MV vectors of x (XB = 2 VL activation rows side by side) times
+// NRB broadcast weights into NRB x MV accumulators. Every output is one accumulator lane, so there
+// is no horizontal sum, and each weight and x value loaded feeds MV / NRB FMAs. Each chunk of
+// GEMM_KC values of k is summed from zero, then added to the output tile (summation depth
+// GEMM_KC + K / GEMM_KC, not K).
+
+constexpr int XB = 2 * V::VL;  // activation rows per packed block
+static_assert(GEMM_KC % 32 == 0, "a 32-element chunk of a block lands in one k-chunk");
+
+// xp[b][k][i] = x[b * XB + i][k] (rows past M are 0), for the k in this thread's share.
+void pack_x(const float* x, int64_t M, int64_t K, float* xp, int t, int nt) {
+  const int64_t k0 = K * t / nt, k1 = K * (t + 1) / nt;
+  for (int64_t m0 = 0; m0 < M; m0 += XB) {
+    float* dst = xp + m0 * K;  // block m0 / XB starts at (m0 / XB) * K * XB
+    const int rows = M - m0 < XB ? (int)(M - m0) : XB;
+    for (int64_t k = k0; k < k1; ++k) {
+      float* d = dst + k * XB;
+      for (int i = 0; i < rows; ++i) d[i] = x[(m0 + i) * K + k];
+      for (int i = rows; i < XB; ++i) d[i] = 0.f;
+    }
+  }
+}
 
 template <class Q>
 static void dequant_rows(const uint8_t* w, int64_t rb, int64_t K, int64_t n0, int64_t rows, float* out) {
@@ -199,37 +221,91 @@ static void dequant_rows(const uint8_t* w, int64_t rb, int64_t K, int64_t n0, in
   }
 }
 
-// One MR x NR tile of y; rows past the end are clamped to the last row and not stored.
-static inline void gemm_micro(const float* x, int64_t M, int64_t K, const float* panel, int64_t rows,
-                              float* y, int64_t N, int64_t m0, int64_t n0, int64_t j0) {
-  constexpr int MR = V::GEMM_MR, NR = V::GEMM_NR;
-  const float* xr[MR];
-  const float* wr[NR];
-  for (int i = 0; i < MR; ++i) xr[i] = x + (m0 + i < M ? m0 + i : M - 1) * K;
-  for (int j = 0; j < NR; ++j) wr[j] = panel + (j0 + j < rows ? j0 + j : rows - 1) * K;
-  F acc[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = V::zero();
-  for (int64_t k = 0; k < K; k += V::VL) {
-    F wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = V::load(wr[j] + k);
-    for (int i = 0; i < MR; ++i) {
-      const F xv = V::load(xr[i] + k);
-      for (int j = 0; j < NR; ++j) acc[i][j] = V::fma(xv, wv[j], acc[i][j]);
+// The GEMM's panel: rows n0 .. n0 + rows dequantized as [ceil(K / GEMM_KC)][GEMM_NB][GEMM_KC], so
+// the weights a tile broadcasts for one k sit at constant offsets from one pointer (12 row
+// pointers would not fit the general registers); rows past `rows` are zeros.
+template <class Q>
+static void dequant_panel(const uint8_t* w, int64_t rb, int64_t K, int64_t n0, int64_t rows, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = w + (n0 + r) * rb;
+    for (int64_t bi = 0; bi < K / Q::QK; ++bi) {
+      const uint8_t* b = row + bi * Q::BYTES;
+      float sc[Q::SC];
+      Q::scales(b, sc);
+      for (int c = 0; c < Q::NC; ++c) {
+        F wv[NV];
+        Q::chunk(b, sc, c, wv);
+        const int64_t k = bi * Q::QK + 32 * c;
+        float* o = out + (k / GEMM_KC) * (GEMM_NB * GEMM_KC) + r * GEMM_KC + k % GEMM_KC;
+        for (int v = 0; v < NV; ++v) V::store(o + v * V::VL, wv[v]);
+      }
     }
   }
-  for (int i = 0; i < MR && m0 + i < M; ++i)
-    for (int j = 0; j < NR && j0 + j < rows; ++j) y[(m0 + i) * N + n0 + j0 + j] = V::hsum(acc[i][j]);
+  if (rows < GEMM_NB)
+    for (int64_t kc = 0; kc < K; kc += GEMM_KC)
+      memset(out + (kc / GEMM_KC) * (GEMM_NB * GEMM_KC) + rows * GEMM_KC, 0, (GEMM_NB - rows) * GEMM_KC * sizeof(float));
 }
 
+// The partial sums of panel rows j0 .. j0 + NRB over k in [kc, ke) for one packed block xb, added
+// into the tile c[GEMM_NB][XB] (stored, when `first`).
+template <int MV, int NRB>
+static inline void gemm_micro(const float* xb, const float* panel, int64_t j0, int64_t kc, int64_t ke,
+                              float* c, bool first) {
+  const float* wp = panel + (kc / GEMM_KC) * (GEMM_NB * GEMM_KC) + j0 * GEMM_KC - kc;  // wp[j * KC + k]
+  F acc[NRB][MV];
+  for (int j = 0; j < NRB; ++j)
+    for (int v = 0; v < MV; ++v) acc[j][v] = V::zero();
+  for (int64_t k = kc; k < ke; ++k) {
+    F xv[MV];
+    for (int v = 0; v < MV; ++v) xv[v] = V::load(xb + k * XB + v * V::VL);
+    for (int j = 0; j < NRB; ++j) {
+      const F wv = V::set1(wp[j * GEMM_KC + k]);
+      for (int v = 0; v < MV; ++v) acc[j][v] = V::fma(wv, xv[v], acc[j][v]);
+    }
+  }
+  for (int j = 0; j < NRB; ++j)
+    for (int v = 0; v < MV; ++v) {
+      float* cp = c + (j0 + j) * XB + v * V::VL;
+      V::store(cp, first ? acc[j][v] : V::add(V::load(cp), acc[j][v]));
+    }
+}
+
+// Loop order per panel and packed block: chunks of GEMM_KC k outer, tiles inner, so the chunk of
+// x (GEMM_KC x XB floats) and of the panel (GEMM_NB x GEMM_KC) stay in L1 across the tiles.
 template <class Q>
-static void gemm_q(const uint8_t* w, int64_t rb, const float* x, int64_t M, int64_t K, float* y,
+static void gemm_q(const uint8_t* w, int64_t rb, const float* xp, int64_t M, int64_t K, float* y,
                    int64_t N, int64_t n0, int64_t n1, float* scratch) {
+  constexpr int NRB2 = V::GEMM_NRB, NRB1 = 2 * V::GEMM_NRB;  // weight rows per tile at MV = 2, 1
+  static_assert(GEMM_NB % NRB1 == 0 && GEMM_NB % NRB2 == 0, "the panel holds whole tiles");
+  float c[GEMM_NB * XB];
   for (int64_t nb = n0; nb < n1; nb += GEMM_NB) {
     const int64_t rows = nb + GEMM_NB < n1 ? GEMM_NB : n1 - nb;
-    dequant_rows<Q>(w, rb, K, nb, rows, scratch);
-    for (int64_t m = 0; m < M; m += V::GEMM_MR)
-      for (int64_t j = 0; j < rows; j += V::GEMM_NR) gemm_micro(x, M, K, scratch, rows, y, N, m, nb, j);
+    dequant_panel<Q>(w, rb, K, nb, rows, scratch);
+    // The next panel's blocks (contiguous rows) are fetched while this one is multiplied, a slice
+    // per k-chunk of the first packed block, so its dequantization does not wait on memory.
+    const uint8_t* next = w + (nb + GEMM_NB) * rb;
+    const int64_t next_bytes = (nb + 2 * GEMM_NB <= n1 ? GEMM_NB : (n1 > nb + GEMM_NB ? n1 - nb - GEMM_NB : 0)) * rb;
+    const int64_t slice = (next_bytes * GEMM_KC / K + 63) / 64 * 64;
+    int64_t fetched = 0;
+    for (int64_t m0 = 0; m0 < M; m0 += XB) {
+      const float* xb = xp + m0 * K;
+      const bool two = M - m0 > V::VL;  // else at most VL rows left: one x vector, twice the rows
+      for (int64_t kc = 0; kc < K; kc += GEMM_KC) {
+        const int64_t ke = kc + GEMM_KC < K ? kc + GEMM_KC : K;
+        for (int64_t e = fetched + slice; fetched < next_bytes && fetched < e; fetched += 64)
+          __builtin_prefetch(next + fetched);
+        if (two) {
+          for (int64_t j = 0; j < rows; j += NRB2) gemm_micro<2, NRB2>(xb, scratch, j, kc, ke, c, kc == 0);
+        } else {
+          for (int64_t j = 0; j < rows; j += NRB1) gemm_micro<1, NRB1>(xb, scratch, j, kc, ke, c, kc == 0);
+        }
+      }
+      const int mi = M - m0 < XB ? (int)(M - m0) : XB;
+      for (int i = 0; i < mi; ++i) {  // row by row: runs of `rows` consecutive outputs
+        float* yr = y + (m0 + i) * N + nb;
+        for (int64_t j = 0; j < rows; ++j) yr[j] = c[j * XB + i];
+      }
+    }
   }
 }
 
@@ -252,9 +328,9 @@ int gemv(int qtype, const uint8_t* w, int64_t rb, const float* x, int64_t M, int
 #undef CALL_GEMV
 }
 
-int gemm(int qtype, const uint8_t* w, int64_t rb, const float* x, int64_t M, int64_t K, float* y,
+int gemm(int qtype, const uint8_t* w, int64_t rb, const float* xp, int64_t M, int64_t K, float* y,
          int64_t N, int64_t n0, int64_t n1, float* scratch) {
-#define CALL_GEMM(Q) gemm_q<Q>(w, rb, x, M, K, y, N, n0, n1, scratch)
+#define CALL_GEMM(Q) gemm_q<Q>(w, rb, xp, M, K, y, N, n0, n1, scratch)
   MINISGL_QUANT_SWITCH(qtype, CALL_GEMM)
 #undef CALL_GEMM
 }
