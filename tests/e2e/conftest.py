@@ -1,6 +1,7 @@
-"""End-to-end fixtures. Starting a server costs seconds on 2 cores, so the plain default server is
-shared by every module that only sends requests (session scope); tests that kill, stop or
-reconfigure a server start their own."""
+"""End-to-end fixtures. Starting a server costs seconds on 2 cores, so the servers that only answer
+requests are shared (session scope): the plain default one (tests/conftest.py: `server`, which
+tests/conformance uses too), the keyed one and the small-context one below. Tests that kill,
+stop or reconfigure a server start their own."""
 
 from __future__ import annotations
 
@@ -9,12 +10,21 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.service import Server, start_server
+from tests.e2e.service import KEYED_ARGS, SMALL_CONTEXT_ARGS, Server, start_server
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory, "server")
+def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """`--api-key API_KEY --cors-origins CORS_ORIGIN --max-stored-responses 3` (tests/e2e/service.py)."""
+    srv = start_server(tmp_path_factory, "keyed", *KEYED_ARGS)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def small_context_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A 64-token context: a valid generated body costs at most a few dozen tokens."""
+    srv = start_server(tmp_path_factory, "small_context", *SMALL_CONTEXT_ARGS)
     yield srv
     srv.stop()
 
