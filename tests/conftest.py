@@ -1,9 +1,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.e2e.service import Server
 
 # Tests run on CPU with deterministic kernels and never reach the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -38,3 +42,15 @@ def native_cpu_dtype(monkeypatch: pytest.MonkeyPatch) -> torch.dtype:
     """Lift the fp32 pin for one test: `--dtype auto` follows the CPU again; returns what it picks."""
     monkeypatch.setattr(cpu_platform, "cpu_has_native_bf16", _NATIVE_BF16)
     return torch.bfloat16 if _NATIVE_BF16() else torch.float32
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The plain default server (embedded model, `python -m minisgl --device cpu`), one per session:
+    tests/conformance and every tests/e2e module that only sends requests share it (a start costs
+    tens of seconds on 2 cores). Tests that kill, stop or reconfigure a server start their own."""
+    from tests.e2e.service import start_server
+
+    srv = start_server(tmp_path_factory, "server")
+    yield srv
+    srv.stop()

@@ -4,25 +4,17 @@ against the real `python -m minisgl --device cpu` (embedded model), through the 
 client and raw HTTP. No assertion depends on the model's words: outputs are pinned by logit_bias,
 structured output or stop conditions, or compared with each other (stream vs non-stream).
 
-One default server serves the whole tier (session scope); test_context_end.py starts a second one
-with a short context."""
+One default server serves the whole tier (tests/conftest.py: `server`, session scope, shared with
+tests/e2e); test_context_end.py starts a second one with a short context."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.e2e.service import Server, post_json, sse_lines, start_server
-
-
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory, "conformance")
-    yield srv
-    srv.stop()
+from tests.e2e.service import Server, post_json, sse_lines
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,14 @@ REPO = Path(__file__).resolve().parents[2]
 # The suite's exactness checks are stated for fp32 (tests/conftest.py pins the in-process engines);
 # a test's own --dtype, later on the command line, wins.
 CPU_ARGS = ("--device", "cpu", "--dtype", "float32")
+# The keyed server (tests/e2e/conftest.py: keyed_server), shared by the modules that test access,
+# CORS, the Anthropic and Responses APIs and the chat page: one key, one allowed origin, a store of
+# 3 responses (what test_responses_api.py's LRU check counts on).
+API_KEY = "sk-e2e-test"
+CORS_ORIGIN = "http://example.com"
+KEYED_ARGS = ("--api-key", API_KEY, "--cors-origins", CORS_ORIGIN, "--max-stored-responses", "3")
+# The small-context server shared by test_openapi.py and test_fuzz.py (generated bodies stay cheap).
+SMALL_CONTEXT_ARGS = ("--max-model-len", "64", "--num-pages", "256")
 
 
 def free_port() -> int:

@@ -1,5 +1,5 @@
 """Anthropic's Messages API driven by the official `anthropic` SDK, against the real server on CPU
-(one server, started with `--api-key`): plain and streamed messages, system, multi-turn,
+(the shared keyed server, tests/e2e/conftest.py): plain and streamed messages, system, multi-turn,
 stop_sequences and max_tokens stop reasons, tools with a forced tool_use and a tool_result turn,
 count_tokens, and errors in Anthropic's shape (400 invalid_request_error, 401 authentication_error,
 404 not_found_error). Newer SDKs have no temperature argument; it goes in `extra_body`."""
@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.e2e.service import Server, parallel, start_server
+from tests.e2e.service import API_KEY, Server, parallel
 
 anthropic = pytest.importorskip("anthropic")
 
-KEY = "sk-anthropic-test"
+KEY = API_KEY
 GREEDY = {"temperature": 0}
 HELLO = [{"role": "user", "content": "Say hello to the world."}]
 TOOLS = [{"name": "get_weather", "description": "Get the current weather in a city.",
@@ -27,10 +26,8 @@ FORCED = {"type": "tool", "name": "get_weather"}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory, "anthropic", "--api-key", KEY)
-    yield srv
-    srv.stop()
+def server(keyed_server: Server) -> Server:
+    return keyed_server
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.e2e.service import Server, post_json, start_server
+from tests.e2e.service import API_KEY, CORS_ORIGIN, Server, post_json
 
 MSGS = [{"role": "user", "content": "Count to three."}]
 
@@ -90,15 +89,13 @@ def test_metrics_parse_and_move(server, client):
 
 # ---------------------------------------------------------------- access
 
-KEY = "sk-test-123"
-ORIGIN = "http://example.com"
+KEY = API_KEY  # the shared keyed server (tests/e2e/conftest.py)
+ORIGIN = CORS_ORIGIN
 
 
 @pytest.fixture(scope="module")
-def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory, "keyed", "--api-key", KEY, "--cors-origins", ORIGIN)
-    yield srv
-    srv.stop()
+def keyed(keyed_server: Server) -> Server:
+    return keyed_server
 
 
 def call(port: int, method: str, path: str, headers: dict[str, str], body: Any = None) -> tuple[int, Any, Any]:

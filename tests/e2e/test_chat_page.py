@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.service import Server, start_server
+from tests.e2e.service import API_KEY, Server
 
-KEY = "sk-chat-page-test"
+KEY = API_KEY  # the shared keyed server (tests/e2e/conftest.py)
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 SYSTEM = "You are a helpful assistant. Answer briefly."
@@ -40,13 +40,6 @@ def api(port: int, method: str, path: str, body: Any = None, key: str | None = K
         return resp.status, json.loads(raw) if is_json else raw.decode(), {k.lower(): v for k, v in resp.getheaders()}
     finally:
         conn.close()
-
-
-@pytest.fixture(scope="module")
-def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory, "chat_page", "--api-key", KEY)
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.e2e.service import Server, get_json, request, start_server, wait_idle
+from tests.e2e.service import Server, get_json, request, wait_idle
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
@@ -113,10 +112,8 @@ def route_and_body(draw: Any) -> tuple[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory, "fuzz", "--max-model-len", "64", "--num-pages", "256")
-    yield srv
-    srv.stop()
+def fuzz_server(small_context_server: Server) -> Server:
+    return small_context_server
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,

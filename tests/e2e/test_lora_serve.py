@@ -43,17 +43,25 @@ def lora_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def expected(lora_dirs: dict[str, Path]) -> dict[str | None, list[str]]:
-    """Greedy completions of the offline engine, per adapter (None: the base model)."""
+    """Greedy completions of the offline engine, per adapter (None: the base model): the short
+    answers and the long one of every adapter in one mixed batch (equal to each request alone:
+    tests/golden/test_lora_parity.py), so the 300-token references decode side by side."""
     from minisgl import LLM, SamplingParams
 
     llm = LLM(str(lora_dirs["base"]), device="cpu", num_pages=128, max_loras=2, max_lora_rank=8,
               lora_modules={"alpha": str(lora_dirs["alpha"]), "beta": str(lora_dirs["beta"])})  # fmt: skip
+    names = (None, "alpha", "beta")
+    short = SamplingParams(temperature=0, max_tokens=8)
+    long = SamplingParams(temperature=0, max_tokens=LONG, ignore_eos=True)
+    prompts = [*PROMPTS, PROMPTS[0]] * len(names)
+    params = [short] * len(PROMPTS) + [long]
+    loras = [name for name in names for _ in range(len(PROMPTS) + 1)]
+    texts = [r.outputs[0].text for r in llm.generate(prompts, params * len(names), use_tqdm=False, lora=loras)]
     out: dict[str | None, list[str]] = {}
-    for name in (None, "alpha", "beta"):
-        params = SamplingParams(temperature=0, max_tokens=8)
-        out[name] = [r.outputs[0].text for r in llm.generate(PROMPTS, params, use_tqdm=False, lora=name)]
-        long = SamplingParams(temperature=0, max_tokens=LONG, ignore_eos=True)
-        out[f"long-{name}"] = [llm.generate(PROMPTS[0], long, use_tqdm=False, lora=name)[0].outputs[0].text]  # type: ignore[index]
+    for i, name in enumerate(names):
+        mine = texts[i * (len(PROMPTS) + 1) : (i + 1) * (len(PROMPTS) + 1)]
+        out[name] = mine[: len(PROMPTS)]
+        out[f"long-{name}"] = mine[len(PROMPTS) :]  # type: ignore[index]
     assert out["alpha"] != out[None] and out["beta"] != out[None], "the adapters must change the answers"
     return out
 

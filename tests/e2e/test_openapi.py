@@ -1,7 +1,7 @@
 """GET /openapi.json and GET /docs against the real server on CPU, and a bounded schemathesis run
 against the server's own schema with 0 server errors.
 
-The server runs with a 64-token context (as in test_fuzz.py), so a generated body that is valid
+The server runs with a 64-token context (the small-context server shared with test_fuzz.py), so a generated body that is valid
 costs at most a few dozen tokens.
 """
 
@@ -11,11 +11,10 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.service import Server, get_json, request, start_server, wait_idle
+from tests.e2e.service import Server, get_json, request, wait_idle
 
 FUZZ_SECONDS = 75
 BODY_ROUTES = {"/v1/chat/completions": "ChatCompletionRequest", "/v1/completions": "CompletionRequest",
@@ -24,10 +23,8 @@ BODY_ROUTES = {"/v1/chat/completions": "ChatCompletionRequest", "/v1/completions
 
 
 @pytest.fixture(scope="module")
-def docs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory, "openapi", "--max-model-len", "64", "--num-pages", "256")
-    yield srv
-    srv.stop()
+def docs_server(small_context_server: Server) -> Server:
+    return small_context_server
 
 
 def test_openapi_is_valid_and_documents_the_bodies(docs_server: Server) -> None:

@@ -1,5 +1,5 @@
 """OpenAI's Responses API driven by the official `openai` SDK (`client.responses`), against the real
-server on CPU (one server, started with `--api-key` and a store of 3 responses): string and item
+server on CPU (the shared keyed server, tests/e2e/conftest.py: `--api-key` and a store of 3 responses): string and item
 input, instructions, stream and not (the same greedy text, the events in order), a function-call
 round trip, previous_response_id, store false, GET / DELETE, the LRU bound, text.format
 json_schema, usage, auth and errors in OpenAI's shape."""
@@ -7,26 +7,23 @@ json_schema, usage, auth and errors in OpenAI's shape."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.e2e.service import Server, parallel, request, start_server
+from tests.e2e.service import API_KEY, Server, parallel, request
 
 openai = pytest.importorskip("openai")
 
-KEY = "sk-responses-test"
+KEY = API_KEY
 GREEDY: dict[str, Any] = {"temperature": 0}
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Get the current weather in a city.",
           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"]}}]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory, "responses", "--api-key", KEY, "--max-stored-responses", "3")
-    yield srv
-    srv.stop()
+def server(keyed_server: Server) -> Server:
+    return keyed_server
 
 
 @pytest.fixture(scope="module")

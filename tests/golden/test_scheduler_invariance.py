@@ -24,13 +24,23 @@ def _prompts(count: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(3, 512) for _ in range(rng.randrange(1, 120))] for _ in range(count)]
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_batch_invariance_under_chunking_and_preemption(model_dir, overlap):
+def _invariance_case() -> tuple[list[list[int]], list[SamplingParams]]:
     prompts = _prompts(24)
     max_tokens = [16 + (i * 7) % 40 for i in range(len(prompts))]
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+    return prompts, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+
+
+@pytest.fixture(scope="module")
+def alone(model_dir) -> list[list[int]]:
+    """Each prompt of the invariance case run by itself: the reference of both overlap settings."""
+    prompts, params = _invariance_case()
     roomy = LLM(model_dir, device="cpu", page_size=4, num_pages=4096, max_running_requests=1)
-    alone = [roomy.generate([p], [sp], use_tqdm=False)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
+    return [roomy.generate([p], [sp], use_tqdm=False)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_batch_invariance_under_chunking_and_preemption(model_dir, alone, overlap):
+    prompts, params = _invariance_case()
 
     # 48 pages of 4 tokens cannot hold 24 requests of up to ~160 tokens: admission stalls,
     # decodes retract requests and the prefix cache is evicted; a 16-token budget chunks prompts.

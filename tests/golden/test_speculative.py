@@ -17,10 +17,11 @@ from tests.golden.test_embedded_parity import CONVERSATIONS
 from tests.tiny_models import make_tiny_model
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """Many tiny per-request attention calls: one intra-op thread is far faster for them on a
-    loaded 2-core machine (the results are the same)."""
+    loaded 2-core machine (the results are the same). Module scope: set before the module's
+    reference fixtures run too."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -63,16 +64,26 @@ def _assert_idle_and_full(llm: LLM) -> None:
     assert sched.allocator.num_free == sched.allocator.num_pages
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "deferred"])
-@pytest.mark.parametrize("algorithm", ["ngram", "draft"])
-def test_greedy_equal_under_chunking_preemption_and_mixed_batches(model_dir, draft_dir, algorithm, overlap):
-    """`deferred`: overlap asked for (CUDA's default), so each step's outputs come back after the
-    next step's launch (Scheduler._step_deferred); every plan still sees all earlier tokens."""
+def _mixed_case() -> tuple[list[list[int]], list[SamplingParams]]:
     prompts = _prompts(16)
     max_tokens = [16 + (i * 7) % 40 for i in range(len(prompts))]
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+    return prompts, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+
+
+@pytest.fixture(scope="module")
+def alone(model_dir) -> list[list[int]]:
+    """Each prompt of the mixed case run by itself without speculation: both algorithms' reference."""
+    prompts, params = _mixed_case()
     roomy = LLM(model_dir, device="cpu", page_size=4, num_pages=4096, max_running_requests=1)
-    alone = [roomy.generate([p], [sp], use_tqdm=False)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
+    return [roomy.generate([p], [sp], use_tqdm=False)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "deferred"])
+@pytest.mark.parametrize("algorithm", ["ngram", "draft"])
+def test_greedy_equal_under_chunking_preemption_and_mixed_batches(model_dir, draft_dir, alone, algorithm, overlap):
+    """`deferred`: overlap asked for (CUDA's default), so each step's outputs come back after the
+    next step's launch (Scheduler._step_deferred); every plan still sees all earlier tokens."""
+    prompts, params = _mixed_case()
 
     # As tests/golden/test_scheduler_invariance.py: too few pages (retraction), a 16-token budget
     # (chunked prompts in the same steps as decodes and verify rows), a 1-token decode reserve.
@@ -124,16 +135,26 @@ def test_stop_ids_and_max_tokens_apply_to_every_committed_token(model_dir):
     _assert_idle_and_full(spec)
 
 
-@pytest.mark.parametrize("algorithm", ["ngram", "draft"])
-def test_embedded_golden_prompts_equal(algorithm):
-    """The embedded SmolLM2 (fp32) on the golden chat prompts: the same token ids with speculation
-    (the draft: the embedded model itself, so proposals are accepted and the path is exercised)."""
+EMBEDDED_PARAMS = SamplingParams(temperature=0, max_tokens=48)
+
+
+@pytest.fixture(scope="module")
+def embedded_plain() -> tuple[str, list[list[int]], list[list[int]]]:
+    """The embedded SmolLM2 (fp32) without speculation on the golden chat prompts, run once for
+    both algorithms: (its directory, the prompts, the greedy token ids)."""
     plain = LLM(device="cpu", weights="float32")
     prompts = [plain.apply_chat_template(c) for c in CONVERSATIONS]
-    params = SamplingParams(temperature=0, max_tokens=48)
-    want = [r.outputs[0].token_ids for r in plain.generate(prompts, params, use_tqdm=False)]
-    model = str(plain.engine.model_dir) if algorithm == "draft" else None
-    del plain
+    want = [r.outputs[0].token_ids for r in plain.generate(prompts, EMBEDDED_PARAMS, use_tqdm=False)]
+    return str(plain.engine.model_dir), prompts, want
+
+
+@pytest.mark.parametrize("algorithm", ["ngram", "draft"])
+def test_embedded_golden_prompts_equal(embedded_plain, algorithm):
+    """The embedded SmolLM2 (fp32) on the golden chat prompts: the same token ids with speculation
+    (the draft: the embedded model itself, so proposals are accepted and the path is exercised)."""
+    model_dir, prompts, want = embedded_plain
+    params = EMBEDDED_PARAMS
+    model = model_dir if algorithm == "draft" else None
     spec = LLM(device="cpu", weights="float32", **_spec(algorithm, model))
     got = [r.outputs[0].token_ids for r in spec.generate(prompts, params, use_tqdm=False)]
     assert got == want

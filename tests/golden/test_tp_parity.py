@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,11 @@ def _greedy(llm: LLM) -> list[list[int]]:
     return [out.outputs[0].token_ids for out in llm.generate(_prompts(), params, use_tqdm=False)]
 
 
-def _rank_main(rank: int, size: int, model_dir: str, port: int, results: Any, device: str) -> None:
-    """One TP rank (spawned): join the group through the store, run the prompts, report."""
+def _rank_main(rank: int, size: int, model_dirs: list[str], port: int, results: Any, device: str) -> None:
+    """One TP rank (spawned): join the group through the store once, then for each model in turn
+    build the engine on its shard, run the prompts and report (model_dir, rank, ids, params)."""
+    import gc
+
     try:
         from minisgl.distributed.group import Rendezvous, init_tp_group
 
@@ -57,29 +61,40 @@ def _rank_main(rank: int, size: int, model_dir: str, port: int, results: Any, de
             torch.cuda.set_device(rank)
         backend = "nccl" if device == "cuda" else "gloo"
         init_tp_group(Rendezvous("127.0.0.1", port, "parity", RANK_TIMEOUT), rank, size, backend)
-        llm = LLM(engine_config=_engine_config(model_dir, rank, size, device))
-        params = sum(p.numel() for p in llm.engine.model.parameters())
-        results.put((rank, _greedy(llm), params))
     except BaseException as exc:
-        results.put((rank, f"{type(exc).__name__}: {exc}", 0))
+        for model_dir in model_dirs:
+            results.put((model_dir, rank, f"{type(exc).__name__}: {exc}", 0))
         raise
+    for model_dir in model_dirs:
+        try:
+            llm = LLM(engine_config=_engine_config(model_dir, rank, size, device))
+            params = sum(p.numel() for p in llm.engine.model.parameters())
+            results.put((model_dir, rank, _greedy(llm), params))
+            del llm
+            gc.collect()
+        except BaseException as exc:
+            results.put((model_dir, rank, f"{type(exc).__name__}: {exc}", 0))
+            raise
 
 
-def _run_tp(model_dir: Path, size: int, device: str = "cpu") -> dict[int, tuple[Any, int]]:
+def _run_tp_many(model_dirs: list[Path], size: int, device: str = "cpu") -> dict[str, dict[int, tuple[Any, int]]]:
+    """One group of `size` spawned ranks runs every model of `model_dirs` in turn (a spawn and the
+    group's start once, not once per model): {model_dir: {rank: (ids or an error, parameters)}}."""
     from minisgl.distributed.group import host_store
 
     store = host_store("127.0.0.1", 0)  # kept alive until every rank is done
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(rank, size, str(model_dir), store.port, results, device))
+    dirs = [str(d) for d in model_dirs]
+    procs = [ctx.Process(target=_rank_main, args=(rank, size, dirs, store.port, results, device))
              for rank in range(size)]  # fmt: skip
     for proc in procs:
         proc.start()
-    got: dict[int, tuple[Any, int]] = {}
+    got: dict[str, dict[int, tuple[Any, int]]] = {d: {} for d in dirs}
     try:
-        while len(got) < size:
-            rank, ids, params = results.get(timeout=RANK_TIMEOUT)
-            got[rank] = (ids, params)
+        while sum(map(len, got.values())) < size * len(dirs):
+            model_dir, rank, ids, params = results.get(timeout=RANK_TIMEOUT)
+            got[model_dir][rank] = (ids, params)
     except queue.Empty:
         pass
     finally:
@@ -87,20 +102,45 @@ def _run_tp(model_dir: Path, size: int, device: str = "cpu") -> dict[int, tuple[
             proc.join(10)
             if proc.is_alive():
                 proc.kill()
+    return got
+
+
+def _run_tp(model_dir: Path, size: int, device: str = "cpu") -> dict[int, tuple[Any, int]]:
+    got = _run_tp_many([model_dir], size, device)[str(model_dir)]
     assert len(got) == size, f"ranks {sorted(set(range(size)) - set(got))} never reported"
     return got
 
 
-@pytest.mark.parametrize(
-    "arch, size", [("llama", 2), ("qwen3", 2), ("gemma3", 2), ("phi3", 2), ("llama", 4), ("olmo2", 4)]
-)
-def test_tp_greedy_equals_tp1(tmp_path: Path, arch: str, size: int) -> None:
-    make_tiny_model(arch, tmp_path)
-    reference = LLM(engine_config=_engine_config(str(tmp_path)))
+CASES = [("llama", 2), ("qwen3", 2), ("gemma3", 2), ("phi3", 2), ("llama", 4), ("olmo2", 4)]
+
+
+@pytest.fixture(scope="module")
+def tp_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], tuple[Path, dict[int, tuple[Any, int]]]]:
+    """The TP results of every case, one rank group per size (run on first use, then kept):
+    (the model's directory, {rank: (ids, parameters)})."""
+    dirs = {case: tmp_path_factory.mktemp(f"{case[0]}_tp{case[1]}") for case in CASES}
+    runs: dict[int, dict[str, dict[int, tuple[Any, int]]]] = {}
+
+    def run(arch: str, size: int) -> tuple[Path, dict[int, tuple[Any, int]]]:
+        if size not in runs:
+            group = [case for case in CASES if case[1] == size]
+            for case in group:
+                make_tiny_model(case[0], dirs[case])
+            runs[size] = _run_tp_many([dirs[case] for case in group], size)
+        got = runs[size][str(dirs[arch, size])]
+        assert len(got) == size, f"ranks {sorted(set(range(size)) - set(got))} never reported"
+        return dirs[arch, size], got
+
+    return run
+
+
+@pytest.mark.parametrize("arch, size", CASES)
+def test_tp_greedy_equals_tp1(tp_runs, arch: str, size: int) -> None:
+    model_dir, got = tp_runs(arch, size)
+    reference = LLM(engine_config=_engine_config(str(model_dir)))
     expected = _greedy(reference)
     full_params = sum(p.numel() for p in reference.engine.model.parameters())
     assert all(len(ids) == NEW_TOKENS for ids in expected)
-    got = _run_tp(tmp_path, size)
     for rank, (ids, params) in sorted(got.items()):
         assert ids == expected, f"{arch} TP={size}: rank {rank} decoded differently from TP=1"
         # Each rank holds its shard, not a full copy (norms and replicated KV heads aside).
