@@ -179,21 +179,29 @@ def replay_device_ms(llm: Any, context: int, reps: int = 50) -> dict[str, float]
     if getattr(runner, "graphs", None) is None:
         return None
     out: dict[str, float] = {}
-    for bs, graph in sorted(runner.graphs.items()):
-        runner.out_loc[:bs].fill_(runner.scratch_slot)
-        runner.rows[:bs].fill_(runner.scratch_row)
-        runner.seq_lens[:bs].fill_(context)
-        runner.backend.prepare_for_replay(runner._static_batch(bs, [context] * bs))
-        graph.replay()  # warm
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        out[str(bs)] = round(start.elapsed_time(end) / reps, 3)
-    runner.seq_lens.zero_()
+    with torch.inference_mode():  # the runner's static buffers are inference tensors
+        for bs, graph in sorted(runner.graphs.items()):
+            out[str(bs)] = _replay_ms(runner, graph, bs, context, reps)
+        runner.seq_lens.zero_()
     return out
+
+
+def _replay_ms(runner: Any, graph: Any, bs: int, context: int, reps: int) -> float:
+    """One graph's device milliseconds per replay (see `replay_device_ms`)."""
+    import torch
+
+    runner.out_loc[:bs].fill_(runner.scratch_slot)
+    runner.rows[:bs].fill_(runner.scratch_row)
+    runner.seq_lens[:bs].fill_(context)
+    runner.backend.prepare_for_replay(runner._static_batch(bs, [context] * bs))
+    graph.replay()  # warm
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return round(start.elapsed_time(end) / reps, 3)
 
 
 def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
