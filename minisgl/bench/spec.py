@@ -16,7 +16,7 @@ state (the scheduler driven directly, as the server's scheduler process runs it:
 last steps and detokenizing left out); `<run>_mean_ms` the older figure, an `LLM.generate`'s
 time over its steps (the prefill included). Per run it prints the CUDA graph sizes, replays and
 eager runs, the host milliseconds per step phase (`host_phases`, from a pass under cProfile), and
-on CUDA `replay_device_ms`: the device time of one replay of each captured graph (CUDA events,
+on CUDA `replay_device_ms`: the device time of one replay of each captured graph (back-to-back replays between two synchronizations,
 `--prompt-len` + half `--max-tokens` tokens of context per entry), so that a step's time less its
 graph's device time is the host time it exposes.
 """
@@ -170,8 +170,8 @@ def step_ms(llm: Any, prompt: list[int], params: SamplingParams) -> float:
 
 
 def replay_device_ms(llm: Any, context: int, reps: int = 50) -> dict[str, float] | None:
-    """Device milliseconds of one replay of each captured graph (CUDA events over `reps`
-    back-to-back replays), every entry attending `context` tokens of the scratch row (KV written to
+    """Device milliseconds of one replay of each captured graph (`reps` back-to-back replays
+    between two synchronizations), every entry attending `context` tokens of the scratch row (KV written to
     the scratch slot); None without graphs. Run with no request resident."""
     import torch
 
@@ -181,27 +181,25 @@ def replay_device_ms(llm: Any, context: int, reps: int = 50) -> dict[str, float]
     out: dict[str, float] = {}
     with torch.inference_mode():  # the runner's static buffers are inference tensors
         for bs, graph in sorted(runner.graphs.items()):
-            out[str(bs)] = _replay_ms(runner, graph, bs, context, reps)
+            out[str(bs)] = _replay_ms(llm.engine.platform, runner, graph, bs, context, reps)
         runner.seq_lens.zero_()
     return out
 
 
-def _replay_ms(runner: Any, graph: Any, bs: int, context: int, reps: int) -> float:
-    """One graph's device milliseconds per replay (see `replay_device_ms`)."""
-    import torch
-
+def _replay_ms(platform: Any, runner: Any, graph: Any, bs: int, context: int, reps: int) -> float:
+    """One graph's milliseconds per replay (see `replay_device_ms`): `reps` back-to-back replays
+    between two device synchronizations, so the device runs them without gaps."""
     runner.out_loc[:bs].fill_(runner.scratch_slot)
     runner.rows[:bs].fill_(runner.scratch_row)
     runner.seq_lens[:bs].fill_(context)
     runner.backend.prepare_for_replay(runner._static_batch(bs, [context] * bs))
     graph.replay()  # warm
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    platform.synchronize()
+    start = time.perf_counter()
     for _ in range(reps):
         graph.replay()
-    end.record()
-    end.synchronize()
-    return round(start.elapsed_time(end) / reps, 3)
+    platform.synchronize()
+    return round((time.perf_counter() - start) * 1e3 / reps, 3)
 
 
 def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
