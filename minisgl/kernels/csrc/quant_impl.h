@@ -203,8 +203,10 @@ void pack_x(const float* x, int64_t M, int64_t K, float* xp, int t, int nt) {
   }
 }
 
-template <class Q>
-static void dequant_rows(const uint8_t* w, int64_t rb, int64_t K, int64_t n0, int64_t rows, float* out) {
+// Rows n0 .. n0 + rows of a quantized matrix dequantized 32 values at a time: `at(r, k)` is where
+// row r's values k .. k + 31 go (the layout of `dequant_rows` or `dequant_panel`).
+template <class Q, class At>
+static void dequant_each(const uint8_t* w, int64_t rb, int64_t K, int64_t n0, int64_t rows, At at) {
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* row = w + (n0 + r) * rb;
     for (int64_t bi = 0; bi < K / Q::QK; ++bi) {
@@ -214,11 +216,16 @@ static void dequant_rows(const uint8_t* w, int64_t rb, int64_t K, int64_t n0, in
       for (int c = 0; c < Q::NC; ++c) {
         F wv[NV];
         Q::chunk(b, sc, c, wv);
-        float* o = out + r * K + bi * Q::QK + 32 * c;
+        float* o = at(r, bi * Q::QK + 32 * c);
         for (int v = 0; v < NV; ++v) V::store(o + v * V::VL, wv[v]);
       }
     }
   }
+}
+
+template <class Q>
+static void dequant_rows(const uint8_t* w, int64_t rb, int64_t K, int64_t n0, int64_t rows, float* out) {
+  dequant_each<Q>(w, rb, K, n0, rows, [=](int64_t r, int64_t k) { return out + r * K + k; });
 }
 
 // The GEMM's panel: rows n0 .. n0 + rows dequantized as [ceil(K / GEMM_KC)][GEMM_NB][GEMM_KC], so
@@ -226,21 +233,9 @@ static void dequant_rows(const uint8_t* w, int64_t rb, int64_t K, int64_t n0, in
 // pointers would not fit the general registers); rows past `rows` are zeros.
 template <class Q>
 static void dequant_panel(const uint8_t* w, int64_t rb, int64_t K, int64_t n0, int64_t rows, float* out) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint8_t* row = w + (n0 + r) * rb;
-    for (int64_t bi = 0; bi < K / Q::QK; ++bi) {
-      const uint8_t* b = row + bi * Q::BYTES;
-      float sc[Q::SC];
-      Q::scales(b, sc);
-      for (int c = 0; c < Q::NC; ++c) {
-        F wv[NV];
-        Q::chunk(b, sc, c, wv);
-        const int64_t k = bi * Q::QK + 32 * c;
-        float* o = out + (k / GEMM_KC) * (GEMM_NB * GEMM_KC) + r * GEMM_KC + k % GEMM_KC;
-        for (int v = 0; v < NV; ++v) V::store(o + v * V::VL, wv[v]);
-      }
-    }
-  }
+  dequant_each<Q>(w, rb, K, n0, rows, [=](int64_t r, int64_t k) {
+    return out + (k / GEMM_KC) * (GEMM_NB * GEMM_KC) + r * GEMM_KC + k % GEMM_KC;
+  });
   if (rows < GEMM_NB)
     for (int64_t kc = 0; kc < K; kc += GEMM_KC)
       memset(out + (kc / GEMM_KC) * (GEMM_NB * GEMM_KC) + rows * GEMM_KC, 0, (GEMM_NB - rows) * GEMM_KC * sizeof(float));
