@@ -6,7 +6,6 @@ head_dim ** -0.5; `ModelConfig.attn_scale`) and the logits divided by `logits_sc
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from minisgl.models.config import ModelConfig
@@ -20,19 +19,6 @@ class GraniteDecoderLayer(DecoderLayer):
 
     def can_fold_norms(self) -> bool:
         return False  # forward_folded has no multipliers
-
-    def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # `hidden` arrives already scaled (the embedding, or the last layer's scaled MLP output).
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden) * self.residual_multiplier
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden) * self.residual_multiplier, residual
 
 
 class GraniteForCausalLM(LlamaForCausalLM):

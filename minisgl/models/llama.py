@@ -93,7 +93,10 @@ class MLP(nn.Module):
 class PreNormLayer(nn.Module):
     """A pre-norm decoder layer on the residual stream as `DecoderModel` carries it: subclasses set
     `self_attn`, `mlp`, `input_layernorm` and `post_attention_layernorm` (Llama's, GPT-OSS's,
-    DeepSeek's)."""
+    DeepSeek's, Granite's). `residual_multiplier` (Granite): each branch's output is scaled by it
+    before it joins the residual stream."""
+
+    residual_multiplier: float | None = None
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
@@ -103,9 +106,12 @@ class PreNormLayer(nn.Module):
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
+        hidden = self._scaled(self.self_attn(positions, hidden))
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return self._scaled(self.mlp(hidden)), residual
+
+    def _scaled(self, branch: torch.Tensor) -> torch.Tensor:
+        return branch if self.residual_multiplier is None else branch * self.residual_multiplier
 
 
 class DecoderLayer(PreNormLayer):
