@@ -18,12 +18,11 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
 from minisgl.attention.base import AttnLayerSpec  # noqa: E402
-from minisgl.attention.torch_backend import TorchAttnBackend  # noqa: E402
 from minisgl.kernels.attention import alloc_decode_buffers, decode_attention, extend_attention  # noqa: E402
 from minisgl.kernels.attention import MAX_DECODE_SPLITS, is_interpreted  # noqa: E402
 from minisgl.kernels.attention_ref import decode_attention_ref, extend_attention_ref  # noqa: E402
 from tests.kernels.test_attention_kernels import DEVICE, assert_close, build_case  # noqa: E402
-from tests.kernels.test_attention_windows import _batch, poison_outside_window  # noqa: E402
+from tests.kernels.test_attention_windows import HEADS, backend_outputs, poison_outside_window  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     DEVICE.type == "cpu" and not is_interpreted(),
@@ -112,24 +111,9 @@ def test_sink_refs_match_the_formula() -> None:
 def test_triton_backend_matches_torch_backend_with_sinks(seq_lens: list[int], extend_lens: list[int]) -> None:
     """GPT-OSS's two layer kinds (windowed and full, both with sinks) and a plain layer: the Triton
     backend (mixed extend + decode split included) equals the torch backend."""
-    from minisgl.attention.triton_backend import create_triton_backend
-
-    heads, kv_heads, head_dim = 4, 2, 16
-    gen = torch.Generator().manual_seed(8)
-    pool, batch = _batch(seq_lens, extend_lens, gen)
-    specs = [AttnLayerSpec(sliding_window=6, sinks=_sinks(heads, 1)), AttnLayerSpec(sinks=_sinks(heads, 2)),
-             AttnLayerSpec(), AttnLayerSpec(sliding_window=5, logit_cap=50.0, sinks=_sinks(heads, 3))]  # fmt: skip
-    num_tokens = batch.num_tokens
-    q = torch.randn(num_tokens, heads, head_dim, generator=gen).to(DEVICE)
-    kv = [torch.randn(num_tokens, kv_heads, head_dim, generator=gen).to(DEVICE) for _ in range(2)]
-    backends = {"torch": TorchAttnBackend(pool, heads, kv_heads, head_dim, 0.3),
-                "triton": create_triton_backend(pool, heads, kv_heads, head_dim, 0.3)}  # fmt: skip
-    outs: dict[str, list[torch.Tensor]] = {}
-    for name, backend in backends.items():
-        for layer, spec in enumerate(specs):
-            backend.configure_layer(layer, spec)
-        backend.prepare(batch)
-        outs[name] = [backend.forward(q, kv[0], kv[1], layer, batch).clone() for layer in range(len(specs))]
+    specs = [AttnLayerSpec(sliding_window=6, sinks=_sinks(HEADS, 1)), AttnLayerSpec(sinks=_sinks(HEADS, 2)),
+             AttnLayerSpec(), AttnLayerSpec(sliding_window=5, logit_cap=50.0, sinks=_sinks(HEADS, 3))]  # fmt: skip
+    outs = backend_outputs(specs, seq_lens, extend_lens, seed=8)
     for layer in range(len(specs)):
         assert_close(outs["triton"][layer], outs["torch"][layer], torch.float32)
 

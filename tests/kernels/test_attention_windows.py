@@ -182,6 +182,28 @@ def _batch(seq_lens: list[int], extend_lens: list[int], gen: torch.Generator) ->
     return pool, batch
 
 
+def backend_outputs(specs: list[AttnLayerSpec], seq_lens: list[int], extend_lens: list[int],
+                    seed: int) -> dict[str, list[torch.Tensor]]:  # fmt: skip
+    """The torch and the Triton backend's output for each layer spec, on one pool and batch
+    (`_batch`) and the same random q, k and v: {"torch": [...], "triton": [...]}."""
+    from minisgl.attention.triton_backend import create_triton_backend
+
+    gen = torch.Generator().manual_seed(seed)
+    pool, batch = _batch(seq_lens, extend_lens, gen)
+    q = torch.randn(batch.num_tokens, HEADS, HEAD_DIM, generator=gen).to(DEVICE)
+    kv = [torch.randn(batch.num_tokens, KV_HEADS, HEAD_DIM, generator=gen).to(DEVICE) for _ in range(2)]
+    backends = {"torch": TorchAttnBackend(pool, HEADS, KV_HEADS, HEAD_DIM, 0.3),
+                "triton": create_triton_backend(pool, HEADS, KV_HEADS, HEAD_DIM, 0.3)}  # fmt: skip
+    outs: dict[str, list[torch.Tensor]] = {}
+    for name, backend in backends.items():
+        for layer, spec in enumerate(specs):
+            backend.configure_layer(layer, spec)
+        backend.prepare(batch)
+        outs[name] = [backend.forward(q, kv[0], kv[1], layer, batch).clone() for layer in range(len(specs))]
+        batch.attn_meta = None
+    return outs
+
+
 @pytest.mark.parametrize(
     "seq_lens,extend_lens",
     [([11, 32, 4, 17, 40], [11, 12, 4, 1, 1]), ([3, 9, 30, 77], [1, 1, 1, 1])],
@@ -190,22 +212,7 @@ def _batch(seq_lens: list[int], extend_lens: list[int], gen: torch.Generator) ->
 def test_triton_backend_matches_torch_backend(seq_lens: list[int], extend_lens: list[int]) -> None:
     """Per layer spec, TritonAttnBackend (its mixed extend + decode split included) equals the
     torch backend on the same pool and batch."""
-    from minisgl.attention.triton_backend import create_triton_backend
-
-    gen = torch.Generator().manual_seed(5)
-    pool, batch = _batch(seq_lens, extend_lens, gen)
-    num_tokens = batch.num_tokens
-    q = torch.randn(num_tokens, HEADS, HEAD_DIM, generator=gen).to(DEVICE)
-    kv = [torch.randn(num_tokens, KV_HEADS, HEAD_DIM, generator=gen).to(DEVICE) for _ in range(2)]
-    backends = {"torch": TorchAttnBackend(pool, HEADS, KV_HEADS, HEAD_DIM, 0.3),
-                "triton": create_triton_backend(pool, HEADS, KV_HEADS, HEAD_DIM, 0.3)}  # fmt: skip
-    outs: dict[str, list[torch.Tensor]] = {}
-    for name, backend in backends.items():
-        for layer, spec in enumerate(LAYER_SPECS):
-            backend.configure_layer(layer, spec)
-        backend.prepare(batch)
-        outs[name] = [backend.forward(q, kv[0], kv[1], layer, batch) for layer in range(len(LAYER_SPECS))]
-        batch.attn_meta = None
+    outs = backend_outputs(LAYER_SPECS, seq_lens, extend_lens, seed=5)
     for layer, spec in enumerate(LAYER_SPECS):
         assert_close(outs["triton"][layer], outs["torch"][layer], torch.float32)
     # The windows and the cap changed the result (the comparison above is not of plain attention).
