@@ -116,7 +116,7 @@ class TorchAttnBackend(BaseAttnBackend):
         self.specs: dict[int, AttnLayerSpec] = {}
         # Decode on CPU: one C++ call per layer (kernels/cpu_attention.py), built here at engine
         # start, over bf16 caches, and over fp32 ones where the kernel config allows it
-        # (cpu_attn_fp32: GGUF weights kept quantized); a float fp32 model keeps the per-request
+        # (cpu_kernels_fp32: GGUF weights kept quantized); a float fp32 model keeps the per-request
         # SDPA path (the exact-parity mode).
         self.cpu_kernel = False
         if pool.k[0].device.type == "cpu" and pool.dtype in cpu_attention.pool_dtypes():

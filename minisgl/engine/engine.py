@@ -71,13 +71,19 @@ class Engine:
         if self.context_len < self.model_config.context_len:
             logger.info("serving a context of %d tokens (model: %d)", self.context_len, self.model_config.context_len)
 
-        if config.kernels.cpu_kernels and self.dtype == torch.bfloat16:
-            # Built (or loaded from the extension cache) before the layers pick their kernels.
+        if config.kernels.cpu_kernels:
             from minisgl.kernels import cpu_ops
 
-            start = time.perf_counter()
-            if cpu_ops.enabled():
-                logger.info("bf16 CPU kernels ready in %.1f s", time.perf_counter() - start)
+            # Per engine (the choice is process-wide): fp32 norms/rotary/SiLU take the C++ kernels
+            # for GGUF blocks kept quantized, the references in the exact fp32 mode.
+            fp32_kernels = bool(config.kernels.cpu_kernels_fp32) and self.dtype == torch.float32
+            cpu_ops.set_fp32(fp32_kernels)
+            if self.dtype == torch.bfloat16 or fp32_kernels:
+                # Built (or loaded from the extension cache) before the layers pick their kernels.
+                start = time.perf_counter()
+                if cpu_ops.enabled():
+                    logger.info("%s CPU kernels ready in %.1f s", "fp32" if fp32_kernels else "bf16",
+                                time.perf_counter() - start)
         torch.manual_seed(config.seed)
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)

@@ -26,8 +26,8 @@ def resolve(config: EngineConfig, platform: BasePlatform) -> EngineConfig:
     pad_eager = platform.pad_eager if config.pad_eager is None else config.pad_eager
     # GGUF blocks kept quantized are not the exact mode: unless told, their fp32 decode attention
     # takes the C++ kernel too.
-    fp32_attn = config.kernels.cpu_attn_fp32
-    kernels = replace(config.kernels, cpu_attn_fp32=weights == "gguf" if fp32_attn is None else fp32_attn)
+    fp32_attn = config.kernels.cpu_kernels_fp32
+    kernels = replace(config.kernels, cpu_kernels_fp32=weights == "gguf" if fp32_attn is None else fp32_attn)
     kernels = resolve_kernels(kernels, platform)
     # Not with LoRA: an adapter's A reads the normalised rows the folded projections never see.
     kernels = replace(kernels, fold_norms=kernels.fold_norms and attn == "triton" and not config.lora)

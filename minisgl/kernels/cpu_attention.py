@@ -32,7 +32,7 @@ def pool_dtypes() -> tuple[torch.dtype, ...]:
     kernels = current().kernels
     if not kernels.cpu_attn_kernel:
         return ()
-    return (torch.bfloat16, torch.float32) if kernels.cpu_attn_fp32 else (torch.bfloat16,)
+    return (torch.bfloat16, torch.float32) if kernels.cpu_kernels_fp32 else (torch.bfloat16,)
 
 
 def decode_attention(

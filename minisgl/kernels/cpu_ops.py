@@ -21,8 +21,9 @@ per token, and each torch.compile'd region adds ~50 us of wrapper. Here each op 
 
 The references (`kernels/*_ref.py`) are the oracles (tests/unit/test_cpu_ops.py). bf16 takes this
 path; fp32 stays on the references (the exact-parity mode: the kernels' fp32 sums are in another
-order) unless `set_fp32(True)` sends fp32 norms, rotary and SiLU here too (a fast fp32 mode, e.g.
-next to quantized weights; linear in fp32 keeps MKL's F.linear). Off: --no-cpu-kernels.
+order) unless `set_fp32(True)` sends fp32 norms, rotary and SiLU here too: the engine does so with
+`KernelConfig.cpu_kernels_fp32`, on by default for GGUF weights kept quantized (linear there is the
+quantized GEMV/GEMM, kernels/cpu_quant.py). Off: --no-cpu-kernels.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from minisgl.kernels.rotary_ref import qk_norm_rotary_ref, rotary_ref
 from minisgl.platform import current
 
 __all__ = ["SMALL_GEMM_ROWS", "enabled", "fused_add_rms_norm", "linear", "load", "qk_norm_rotary", "rms_norm",
-           "rotary", "set_fp32", "set_isa", "silu_and_mul"]  # fmt: skip
+           "rotary", "set_fp32", "set_isa", "silu_and_mul", "takes"]  # fmt: skip
 
 
 class _State:
@@ -75,6 +76,11 @@ def set_isa(isa: IsaChoice) -> None:
 def set_fp32(on: bool) -> None:
     """Whether fp32 norms, rotary and SiLU take the C++ kernels (default off: the references)."""
     _STATE.dtypes = (torch.bfloat16, torch.float32) if on else (torch.bfloat16,)
+
+
+def takes(dtype: torch.dtype) -> bool:
+    """Whether the wrappers send CPU tensors of `dtype` to the loaded library."""
+    return dtype in _STATE.dtypes and _STATE.lib is not None
 
 
 def _ready(x: torch.Tensor) -> bool:

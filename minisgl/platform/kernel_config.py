@@ -51,13 +51,14 @@ class KernelConfig:
     # size takes the split-count heuristic and the default launch.
     decode_tuned: bool = True
     # The bf16 C++ CPU kernels (kernels/cpu_ops.py) and the C++ CPU decode attention
-    # (kernels/cpu_attention.py); off: the torch paths. The kernels run for bf16; decode attention
-    # runs over fp32 caches as well with `cpu_attn_fp32`; None: on for GGUF weights kept quantized
-    # (engine/resolve.py: that run is not bit-exact with transformers anyway), off for a float
-    # model, whose fp32 mode keeps the per-request SDPA path (the exact-parity mode).
+    # (kernels/cpu_attention.py); off: the torch paths. The kernels run for bf16; with
+    # `cpu_kernels_fp32` the norms, rotary, SiLU and decode attention take them for fp32
+    # activations too; None: on for GGUF weights kept quantized (engine/resolve.py: that run is
+    # not bit-exact with transformers anyway), off for a float model, whose fp32 mode keeps the
+    # torch references and the per-request SDPA path (the exact-parity mode).
     cpu_kernels: bool = True
     cpu_attn_kernel: bool = True
-    cpu_attn_fp32: bool | None = None
+    cpu_kernels_fp32: bool | None = None
     # Not a switch: which ISA the CPU kernels run (`--cpu-isa`); checked against the CPU when the
     # kernels load, since only the built library knows what it can run.
     cpu_isa: CpuIsa = "auto"
@@ -84,5 +85,5 @@ def resolve_kernels(kernels: KernelConfig, platform: PlatformFacts) -> KernelCon
         decode_tuned=kernels.decode_tuned and triton,
         cpu_kernels=kernels.cpu_kernels and on_cpu,
         cpu_attn_kernel=kernels.cpu_attn_kernel and on_cpu,
-        cpu_attn_fp32=bool(kernels.cpu_attn_fp32) and kernels.cpu_attn_kernel and on_cpu,
+        cpu_kernels_fp32=bool(kernels.cpu_kernels_fp32) and (kernels.cpu_kernels or kernels.cpu_attn_kernel) and on_cpu,
     )

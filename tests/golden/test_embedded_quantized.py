@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
 
 from minisgl import LLM, SamplingParams
 from tests.golden.test_embedded_parity import CONVERSATIONS
@@ -41,6 +42,10 @@ def reference() -> list[list[int]]:
 def test_quantized_greedy_matches_dequantized(isa: str, reference: list[list[int]]) -> None:
     llm = LLM(device="cpu", cpu_isa=isa, num_pages=256)
     assert llm.engine.config.weights == "gguf"  # the CPU default for a GGUF
+    from minisgl.kernels import cpu_ops
+
+    # Not the exact mode: the fp32 norms, rotary and SiLU take the C++ kernels too (cpu_kernels_fp32).
+    assert llm.engine.config.kernels.cpu_kernels_fp32 and cpu_ops.takes(torch.float32)
     prompts = [llm.apply_chat_template(c) for c in CONVERSATIONS]
     ours = llm.generate(prompts, GREEDY, use_tqdm=False)
     for conversation, got, expected in zip(CONVERSATIONS, ours, reference):
@@ -61,3 +66,14 @@ def test_quantized_model_is_smaller() -> None:
     dense = sum(p.numel() * p.element_size() for p in model.parameters())
     # 121 matrices: 30 layers x (qkv, o, gate_up, down) + the embedding, which the tied LM head shares.
     assert len(blocks) == 121 and 90e6 < sum(blocks.values()) < 100e6 and dense < 1e6, (len(blocks), dense)
+
+
+def test_exact_mode_after_quantized_keeps_the_references() -> None:
+    """The fp32-kernel choice is process-wide: an exact-mode engine built after a quantized one
+    sends its fp32 norms, rotary and SiLU to the references again."""
+    from minisgl.kernels import cpu_ops
+
+    LLM(device="cpu", num_pages=16)
+    assert cpu_ops.takes(torch.float32)
+    exact = LLM(device="cpu", weights="float32", num_pages=16)
+    assert not exact.engine.config.kernels.cpu_kernels_fp32 and not cpu_ops.takes(torch.float32)

@@ -237,6 +237,7 @@ def test_fp32_wrappers_opt_in() -> None:
         pytest.skip("the C++ kernels could not be built here")
     torch.manual_seed(2)
     x, w, g = torch.randn(3, 70), torch.randn(70), torch.randn(2, 2 * 90)
+    cpu_ops.set_fp32(False)  # process-wide: an engine built earlier in this process may have set it
     assert torch.equal(cpu_ops.rms_norm(x, w, 1e-6), rms_norm_ref(x, w, 1e-6))
     try:
         cpu_ops.set_fp32(True)

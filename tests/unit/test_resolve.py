@@ -50,7 +50,7 @@ def test_gpu_defaults(monkeypatch) -> None:
     config = EngineConfig()
     resolved = resolve(config, _PretendGpu())
     assert (resolved.dtype, resolved.attn, resolved.pad_eager) == ("bfloat16", "triton", True)
-    assert resolved.kernels == replace(KernelConfig(), cpu_kernels=False, cpu_attn_kernel=False, cpu_attn_fp32=False)
+    assert resolved.kernels == replace(KernelConfig(), cpu_kernels=False, cpu_attn_kernel=False, cpu_kernels_fp32=False)
     assert config.dtype == "auto" and config.kernels == KernelConfig()  # a new object: the input stays
     assert resolve(resolved, _PretendGpu()) == resolved  # resolving twice changes nothing
     # Before sm90: no PDL. The torch backend: nothing to fold the norms into.
@@ -77,7 +77,7 @@ def test_cpu_defaults() -> None:
     assert resolved.dtype == str(cpu.default_dtype).removeprefix("torch.")
     # The embedded model's GGUF blocks stay quantized: its fp32 decode attention takes the C++ kernel.
     assert resolved.kernels == KernelConfig(fused_kernels=False, pdl=False, fold_norms=False, triton_gemm=False,
-                                            decode_tuned=False, cpu_attn_fp32=True)  # fmt: skip
+                                            decode_tuned=False, cpu_kernels_fp32=True)  # fmt: skip
     off = resolve(EngineConfig(device="cpu", kernels=KernelConfig(cpu_kernels=False, cpu_attn_kernel=False)), cpu)
     assert not (off.kernels.cpu_kernels or off.kernels.cpu_attn_kernel)
 

@@ -52,22 +52,25 @@ def test_auto_weights(native_bf16: bool) -> None:
 
 
 def test_quantized_weights_take_the_fp32_decode_attention_kernel() -> None:
-    """GGUF blocks kept quantized are not the exact mode: their fp32 caches get the C++ decode
-    attention; a dequantized fp32 model keeps the per-request SDPA path unless asked."""
+    """GGUF blocks kept quantized are not the exact mode: their fp32 activations get the C++ norms,
+    rotary, SiLU and decode attention; a dequantized fp32 model keeps the references unless asked."""
     from dataclasses import replace
 
     from minisgl.platform.kernel_config import KernelConfig
 
     cpu = _cpu(False)
-    assert resolve(EngineConfig(device="cpu", model=GGUF), cpu).kernels.cpu_attn_fp32 is True
-    assert resolve(EngineConfig(device="cpu", model=GGUF, weights="float32"), cpu).kernels.cpu_attn_fp32 is False
-    asked = EngineConfig(device="cpu", model=HF_DIR, weights="float32", kernels=KernelConfig(cpu_attn_fp32=True))
-    assert resolve(asked, cpu).kernels.cpu_attn_fp32 is True
-    told = EngineConfig(device="cpu", model=GGUF, kernels=KernelConfig(cpu_attn_fp32=False))
-    assert resolve(told, cpu).kernels.cpu_attn_fp32 is False
-    off = replace(asked, model=GGUF, weights="gguf", kernels=KernelConfig(cpu_attn_kernel=False))
-    assert resolve(off, cpu).kernels.cpu_attn_fp32 is False  # no kernel at all
-    assert resolve(EngineConfig(model=GGUF), _PretendGpu()).kernels.cpu_attn_fp32 is False
+    assert resolve(EngineConfig(device="cpu", model=GGUF), cpu).kernels.cpu_kernels_fp32 is True
+    assert resolve(EngineConfig(device="cpu", model=GGUF, weights="float32"), cpu).kernels.cpu_kernels_fp32 is False
+    asked = EngineConfig(device="cpu", model=HF_DIR, weights="float32", kernels=KernelConfig(cpu_kernels_fp32=True))
+    assert resolve(asked, cpu).kernels.cpu_kernels_fp32 is True
+    told = EngineConfig(device="cpu", model=GGUF, kernels=KernelConfig(cpu_kernels_fp32=False))
+    assert resolve(told, cpu).kernels.cpu_kernels_fp32 is False
+    # The switch covers the norms/rotary/SiLU kernels and the decode attention: either one on keeps it.
+    no_attn = replace(asked, model=GGUF, weights="gguf", kernels=KernelConfig(cpu_attn_kernel=False))
+    assert resolve(no_attn, cpu).kernels.cpu_kernels_fp32 is True
+    off = replace(no_attn, kernels=KernelConfig(cpu_attn_kernel=False, cpu_kernels=False))
+    assert resolve(off, cpu).kernels.cpu_kernels_fp32 is False  # no kernel at all
+    assert resolve(EngineConfig(model=GGUF), _PretendGpu()).kernels.cpu_kernels_fp32 is False
 
 
 def test_gpu_default_is_dequantized() -> None:
