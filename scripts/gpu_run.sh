@@ -8,7 +8,7 @@
 #            seed 0, dummy weights), bs=1 decode (128-token prompt, 1024 out), and ablations of the
 #            same workload: --no-overlap-schedule, --no-fused-kernels (UNFUSED=0 skips it), no CUDA graphs
 #   main     the headline run alone
-#   fp8kv    the headline workload with --kv-cache-dtype fp8_e4m3 beside bf16 KV, and bs=1 decode with it
+#   fp8kv    the headline workload with --kv-cache-dtype fp8_e4m3 beside bf16 KV, and bs=1 decode with each
 #   fp8w     Qwen3-8B's shape with --quantization fp8 (float8 W8A8, per-channel weights quantized at
 #            load) beside bf16, same KV budget, at the workload and at bs=1 decode, plus fp8 weights
 #            with fp8 KV; first the FP8 GEMM GPU tests (tests/kernels/test_fp8_weights_gpu.py)
@@ -157,6 +157,7 @@ has main && ab qwen3-0.6b 110 $W  # the headline run alone
 if has fp8kv; then  # issue 25: the same workload with float8 KV pages, beside the bf16 run of this call
     bench qwen3-0.6b-bf16kv 110 $W
     bench qwen3-0.6b-fp8kv 110 $W --kv-cache-dtype fp8_e4m3
+    bench bs1-bf16kv 45 $B1
     bench bs1-fp8kv 45 $B1 --kv-cache-dtype fp8_e4m3
 fi
 if has fp8w; then  # issue 25: FP8 weights on the 8B shape, beside bf16 weights in this call, one KV budget
