@@ -18,14 +18,14 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 # Without CUDA, tests/conftest.py has put triton in interpreter mode before this import.
 
-from minisgl.kernels.moe import _gate_up_silu_kernel, align_by_expert, fused_moe  # noqa: E402
+from minisgl.kernels.moe import _gate_up_kernel, align_by_expert, fused_moe  # noqa: E402
 from minisgl.kernels.moe_ref import moe_ref  # noqa: E402
 from minisgl.layers.moe import SparseMoeBlock, TopKRouter, select_moe_impl  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 pytestmark = pytest.mark.skipif(
-    not CUDA and type(_gate_up_silu_kernel).__name__ != "InterpretedFunction",
+    not CUDA and type(_gate_up_kernel).__name__ != "InterpretedFunction",
     reason="triton was imported in compiled mode before this module could select the interpreter",
 )
 gpu = pytest.mark.gpu
