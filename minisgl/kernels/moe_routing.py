@@ -107,8 +107,9 @@ def topk_route(
     if num_tokens == 0:
         return weights, ids
     block_e = triton.next_power_of_2(num_experts)
-    # ~4k logits a program: one token's row at 128 experts is 4 registers a thread.
-    block_t = min(max(1, 4096 // block_e), triton.next_power_of_2(num_tokens))
+    # ~4k logits a program (at 128 experts, 32 tokens: 32 registers a thread for a [32, 128]
+    # fp32 tile), fixed rather than fitted to the batch, so one compiled variant serves every batch.
+    block_t = max(1, 4096 // block_e)
     _route_kernel[(triton.cdiv(num_tokens, block_t),)](
         logits, weights, ids, num_tokens, logits.stride(0),
         NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_T=block_t, BLOCK_E=block_e,
@@ -180,10 +181,10 @@ def align_tiles(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Exper
     tile_expert = torch.empty(num_tiles, dtype=torch.int32, device=device)
     if num_pairs == 0:
         return ExpertTiles(sorted_pairs, tile_expert, block_m)
-    chunk = min(2048, max(16, triton.next_power_of_2(num_pairs)))
+    # One chunk size for every batch (one compiled variant; a decode step's pairs fit in one chunk).
     _align_kernel[(num_experts + 1,)](
         topk_ids, sorted_pairs, tile_expert, num_pairs, num_tiles,
         NUM_EXPERTS=num_experts, BLOCK_E=max(16, triton.next_power_of_2(num_experts)), BLOCK_M=block_m,
-        CHUNK=chunk, TILE_CHUNK=16, num_warps=4,
+        CHUNK=1024, TILE_CHUNK=16, num_warps=4,
     )  # fmt: skip
     return ExpertTiles(sorted_pairs, tile_expert, block_m)
