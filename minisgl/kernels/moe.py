@@ -62,11 +62,11 @@ def _weight_tile(w_ptr, s_ptr, rows, stride_wn, stride_wk, stride_sn, k0, ks, ma
 
 @triton.jit
 def _tile_rows(sorted_pairs_ptr, tile, num_pairs, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """A tile's prologue: its pair ids (int64) and their mask, its output columns and their mask."""
+    """A tile's prologue: its pair ids (int32) and their mask, its output columns and their mask."""
     pairs = tl.load(sorted_pairs_ptr + tile * BLOCK_M + tl.arange(0, BLOCK_M))
     row_mask = pairs < num_pairs
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    return pairs.to(tl.int64), row_mask, cols, cols < N
+    return pairs, row_mask, cols, cols < N
 
 
 @triton.jit
@@ -109,9 +109,11 @@ def _gate_up_kernel(
     if expert >= NUM_EXPERTS:
         return
     pairs, row_mask, cols, col_mask = _tile_rows(sorted_pairs_ptr, tile, num_pairs, N, BLOCK_M, BLOCK_N)
+    tokens = (pairs // TOP_K).to(tl.int64)
+    pairs = pairs.to(tl.int64)
     expert = expert.to(tl.int64)
     acc_gate, acc_up = _expert_gemm(
-        x_ptr, pairs // TOP_K, row_mask, stride_xt, w_ptr + expert * stride_we, s_ptr + expert * stride_se,
+        x_ptr, tokens, row_mask, stride_xt, w_ptr + expert * stride_we, s_ptr + expert * stride_se,
         cols, col_mask, N, stride_wn, stride_wk, stride_sn, K, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, MXFP4, True,
     )  # fmt: skip
     dtype = out_ptr.dtype.element_ty
@@ -146,6 +148,7 @@ def _down_kernel(
     if expert >= NUM_EXPERTS:
         return
     pairs, row_mask, cols, col_mask = _tile_rows(sorted_pairs_ptr, tile, num_pairs, N, BLOCK_M, BLOCK_N)
+    pairs = pairs.to(tl.int64)
     expert = expert.to(tl.int64)
     acc, _ = _expert_gemm(
         x_ptr, pairs, row_mask, stride_xt, w_ptr + expert * stride_we, s_ptr + expert * stride_se,
