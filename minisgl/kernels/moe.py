@@ -205,10 +205,12 @@ def run_experts(
     b13: torch.Tensor | None = None,
     b2: torch.Tensor | None = None,
     clamp: tuple[float, float] | None = None,
+    tiling: _Tiling | None = None,
 ) -> torch.Tensor:
     """The launches both flavours share: hidden [T, H]; w13 [E, 2I, H]; w2 [E, H, I]; topk [T, K]
     -> [T, H]. `clamp` = (limit, alpha) selects GPT-OSS's activation, which needs the gate_up bias
-    b13 [E, 2I]; b2 [E, H] is the down bias (or None)."""
+    b13 [E, 2I]; b2 [E, H] is the down bias (or None). `tiling`: `_tiling`'s choice unless given
+    (tools/bench_moe_tiles.py sweeps it)."""
     assert w13.mxfp4 == w2.mxfp4, "both expert weights MXFP4, or neither"
     assert (clamp is None) == (b13 is None), "the gate_up bias comes with the clamped activation"
     num_tokens, top_k = topk_ids.shape
@@ -222,7 +224,7 @@ def run_experts(
     out_pairs = torch.empty(num_pairs, hidden_size, dtype=hidden.dtype, device=hidden.device)
     if num_pairs == 0:
         return out_pairs.view(num_tokens, hidden_size)
-    tiling = _tiling(num_pairs, num_experts, hidden.dtype)
+    tiling = tiling or _tiling(num_pairs, num_experts, hidden.dtype)
     tiles = align_by_expert(topk_ids, num_experts, tiling.block_m)
     num_tiles = tiles.tile_expert.numel()
     # fp32 checks parity with HF: no TF32 rounding of the GEMM inputs.
