@@ -107,9 +107,9 @@ def topk_route(
     if num_tokens == 0:
         return weights, ids
     block_e = triton.next_power_of_2(num_experts)
-    # ~4k logits a program (at 128 experts, 32 tokens: 32 registers a thread for a [32, 128]
-    # fp32 tile), fixed rather than fitted to the batch, so one compiled variant serves every batch.
-    block_t = max(1, 4096 // block_e)
+    # ~2k logits a program (at 128 experts, 16 tokens: 161 registers a thread compiled for sm_90,
+    # 32 tokens took 244), fixed rather than fitted to the batch: one compiled variant serves all.
+    block_t = max(1, 2048 // block_e)
     _route_kernel[(triton.cdiv(num_tokens, block_t),)](
         logits, weights, ids, num_tokens, logits.stride(0),
         NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_T=block_t, BLOCK_E=block_e,
