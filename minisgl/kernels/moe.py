@@ -1,5 +1,8 @@
-"""Fused mixture-of-experts in two launches (plus a sort): every expert's gate_up GEMM with
-SiLU-and-mul, then every expert's down GEMM scaled by the routing weight.
+"""Fused mixture-of-experts in two launches (plus the align launch of `kernels/moe_routing.py`):
+every expert's gate_up GEMM with its activation, then every expert's down GEMM scaled by the
+routing weight. The two kernels here serve both expert flavours: Qwen3-MoE / Mixtral (`fused_moe`:
+SiLU-and-mul, no biases) and GPT-OSS (`kernels/swiglu_moe.py`: biases, the clamped SwiGLU, dense or
+MXFP4 weights), so the tiling, the launch and the K loop exist once.
 
 The T * K (token, k) pairs are sorted by expert and each expert's run is padded to a multiple of
 BLOCK_M, so one program tile of BLOCK_M rows belongs to a single expert and reads that expert's
@@ -10,7 +13,11 @@ nothing reads a device value on the host: safe to capture in a CUDA graph.
 
 Rounding follows `moe_ref.py` (HF): gate and up round to the activation dtype, silu(gate) rounds
 before the product with up, the down projection rounds before the routing weight scales it, and
-the top-k products are summed per token in k order.
+the top-k products are summed per token in k order. (GPT-OSS's rounding points: `swiglu_moe.py`.)
+
+MXFP4 weights: 4-bit E2M1 codes, two per byte, and an E8M0 scale per 32 inputs
+(`kernels/mxfp4.py`); each weight tile is dequantized in registers before its dot (exactly:
+every value is representable in bf16).
 """
 
 from __future__ import annotations
@@ -21,145 +28,140 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl.kernels.moe_routing import ExpertTiles, align_tiles
 
-class ExpertTiles(NamedTuple):
-    """(token, k) pairs sorted by expert, each expert's run padded to whole tiles."""
-
-    sorted_pairs: torch.Tensor  # [num_tiles * block_m] int32: pair id t * K + k, or T * K (padding)
-    tile_expert: torch.Tensor  # [num_tiles] int32: the tile's expert, E past the used tiles
-    block_m: int
+__all__ = ["ExpertTiles", "ExpertWeights", "align_by_expert", "dense_weights", "fused_moe", "run_experts"]
 
 
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertTiles:
     """Group the pairs of `topk_ids` [T, K] by expert (stable: pairs keep their order within an
-    expert) into tiles of `block_m` rows, without host reads."""
-    device = topk_ids.device
-    flat = topk_ids.reshape(-1).to(torch.int64)
-    num_pairs = flat.numel()
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + block_m - 1) // block_m * block_m
-    padded_end = torch.cumsum(padded, 0)
-    padded_start = padded_end - padded
-    count_start = torch.cumsum(counts, 0) - counts
-    sorted_experts, order = torch.sort(flat, stable=True)
-    rank_in_expert = torch.arange(num_pairs, device=device) - count_start[sorted_experts]
-    slots = padded_start[sorted_experts] + rank_in_expert
-
-    num_tiles = triton.cdiv(num_pairs + min(num_experts, num_pairs) * (block_m - 1), block_m)
-    sorted_pairs = torch.full((num_tiles * block_m,), num_pairs, dtype=torch.int32, device=device)
-    sorted_pairs[slots] = order.to(torch.int32)
-    tile_starts = torch.arange(num_tiles, device=device, dtype=torch.int64) * block_m
-    tile_expert = torch.searchsorted(padded_end, tile_starts, right=True).to(torch.int32)
-    return ExpertTiles(sorted_pairs, tile_expert, block_m)
+    expert) into tiles of `block_m` rows, without host reads (one launch: `moe_routing.align_tiles`)."""
+    return align_tiles(topk_ids.contiguous(), num_experts, block_m)
 
 
-@triton.jit(do_not_specialize=["num_pairs"])  # varies with the batch
-def _gate_up_silu_kernel(
-    x_ptr,
-    w_ptr,
-    out_ptr,
-    sorted_pairs_ptr,
-    tile_expert_ptr,
-    num_pairs,
-    stride_xt,
-    stride_we,
-    stride_wn,
-    stride_wk,
-    stride_ot,
-    N: tl.constexpr,  # intermediate size per rank: w holds N gate rows then N up rows
-    K: tl.constexpr,  # hidden size
-    NUM_EXPERTS: tl.constexpr,
-    TOP_K: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    tile = tl.program_id(0)
-    expert = tl.load(tile_expert_ptr + tile)
-    if expert >= NUM_EXPERTS:
-        return
+@triton.jit
+def _weight_tile(w_ptr, s_ptr, rows, stride_wn, stride_wk, stride_sn, k0, ks, mask, MXFP4: tl.constexpr):
+    """The [BLOCK_K, BLOCK_N] tile of one expert's weight rows `rows`, inputs k0 + ks, in fp32
+    (MXFP4) or the weights' dtype. MXFP4: w_ptr are the packed codes [rows, in / 2] (even input in
+    the low nibble), s_ptr the scales [rows, in / 32] (2^(s - 127))."""
+    kk = k0 + ks
+    if MXFP4:
+        packed = tl.load(w_ptr + rows[None, :] * stride_wn + (kk // 2)[:, None], mask=mask, other=0).to(tl.int32)
+        code = tl.where((kk % 2 == 0)[:, None], packed & 15, packed >> 4)
+        exp = (code >> 1) & 3
+        man = (code & 1).to(tl.float32)
+        # E2M1: exponent 0 is subnormal (0, 0.5), else (1 + m / 2) * 2^(e - 1)
+        mag = tl.where(exp == 0, man * 0.5, (1.0 + man * 0.5) * tl.exp2((exp - 1).to(tl.float32)))
+        value = tl.where((code & 8) != 0, -mag, mag)
+        scale = tl.load(s_ptr + rows[None, :] * stride_sn + (kk // 32)[:, None], mask=mask, other=127)
+        tile = value * tl.exp2((scale.to(tl.int32) - 127).to(tl.float32))
+    else:
+        tile = tl.load(w_ptr + rows[None, :] * stride_wn + kk[:, None] * stride_wk, mask=mask, other=0.0)
+    return tile
+
+
+@triton.jit
+def _tile_rows(sorted_pairs_ptr, tile, num_pairs, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A tile's prologue: its pair ids (int32) and their mask, its output columns and their mask."""
     pairs = tl.load(sorted_pairs_ptr + tile * BLOCK_M + tl.arange(0, BLOCK_M))
     row_mask = pairs < num_pairs
-    tokens = (pairs // TOP_K).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    ks = tl.arange(0, BLOCK_K)
+    return pairs, row_mask, cols, cols < N
 
-    x_ptrs = x_ptr + tokens[:, None] * stride_xt + ks[None, :]
-    # [BLOCK_K, BLOCK_N] views of the expert's gate and up rows, transposed for the dot.
-    gate_ptrs = w_ptr + expert.to(tl.int64) * stride_we + cols[None, :] * stride_wn + ks[:, None] * stride_wk
-    up_ptrs = gate_ptrs + N * stride_wn
-    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+@triton.jit
+def _expert_gemm(
+    x_ptr, x_rows, row_mask, stride_xt, w_ptr, s_ptr, cols, col_mask, up_offset, stride_wn, stride_wk, stride_sn,
+    K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr, MXFP4: tl.constexpr, GATED: tl.constexpr,
+):  # fmt: skip
+    """The K loop: x[x_rows] @ W[cols]^T over one expert's weights (w_ptr, s_ptr at its first row)
+    in fp32, and with GATED also x[x_rows] @ W[cols + up_offset]^T (the up rows) from the same x."""
+    ks = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + x_rows[:, None] * stride_xt + ks[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_mask = ks < K - k0
         x = tl.load(x_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         w_mask = k_mask[:, None] & col_mask[None, :]
-        acc_gate = tl.dot(x, tl.load(gate_ptrs, mask=w_mask, other=0.0), acc_gate, input_precision=PRECISION)
-        acc_up = tl.dot(x, tl.load(up_ptrs, mask=w_mask, other=0.0), acc_up, input_precision=PRECISION)
+        w = _weight_tile(w_ptr, s_ptr, cols, stride_wn, stride_wk, stride_sn, k0, ks, w_mask, MXFP4)
+        acc = tl.dot(x, w.to(x.dtype), acc, input_precision=PRECISION)
+        if GATED:
+            up = _weight_tile(w_ptr, s_ptr, cols + up_offset, stride_wn, stride_wk, stride_sn, k0, ks, w_mask, MXFP4)
+            acc_up = tl.dot(x, up.to(x.dtype), acc_up, input_precision=PRECISION)
         x_ptrs += BLOCK_K
-        gate_ptrs += BLOCK_K * stride_wk
-        up_ptrs += BLOCK_K * stride_wk
-
-    dtype = out_ptr.dtype.element_ty
-    gate = acc_gate.to(dtype).to(tl.float32)
-    up = acc_up.to(dtype).to(tl.float32)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-    out_ptrs = out_ptr + pairs.to(tl.int64)[:, None] * stride_ot + cols[None, :]
-    tl.store(out_ptrs, (silu * up).to(dtype), mask=row_mask[:, None] & col_mask[None, :])
+    return acc, acc_up
 
 
 @triton.jit(do_not_specialize=["num_pairs"])  # varies with the batch
-def _down_kernel(
-    x_ptr,
-    w_ptr,
-    out_ptr,
-    weights_ptr,
-    sorted_pairs_ptr,
-    tile_expert_ptr,
-    num_pairs,
-    stride_xt,
-    stride_we,
-    stride_wn,
-    stride_wk,
-    stride_ot,
-    N: tl.constexpr,  # hidden size
-    K: tl.constexpr,  # intermediate size per rank
-    NUM_EXPERTS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
+def _gate_up_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, sorted_pairs_ptr, tile_expert_ptr, num_pairs, limit, alpha,
+    stride_xt, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_be, stride_ot,
+    N: tl.constexpr,  # intermediate size per rank: w holds N gate rows then N up rows
+    K: tl.constexpr,  # hidden size
+    NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, MXFP4: tl.constexpr,
+    CLAMPED: tl.constexpr,  # GPT-OSS: biases and the clamped SwiGLU; else SiLU-and-mul without biases
+):  # fmt: skip
     tile = tl.program_id(0)
     expert = tl.load(tile_expert_ptr + tile)
     if expert >= NUM_EXPERTS:
         return
-    pairs = tl.load(sorted_pairs_ptr + tile * BLOCK_M + tl.arange(0, BLOCK_M))
-    row_mask = pairs < num_pairs
+    pairs, row_mask, cols, col_mask = _tile_rows(sorted_pairs_ptr, tile, num_pairs, N, BLOCK_M, BLOCK_N)
+    tokens = (pairs // TOP_K).to(tl.int64)
     pairs = pairs.to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    ks = tl.arange(0, BLOCK_K)
-
-    x_ptrs = x_ptr + pairs[:, None] * stride_xt + ks[None, :]
-    w_ptrs = w_ptr + expert.to(tl.int64) * stride_we + cols[None, :] * stride_wn + ks[:, None] * stride_wk
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_mask = ks < K - k0
-        x = tl.load(x_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
-        acc = tl.dot(x, w, acc, input_precision=PRECISION)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K * stride_wk
-
+    expert = expert.to(tl.int64)
+    acc_gate, acc_up = _expert_gemm(
+        x_ptr, tokens, row_mask, stride_xt, w_ptr + expert * stride_we, s_ptr + expert * stride_se,
+        cols, col_mask, N, stride_wn, stride_wk, stride_sn, K, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, MXFP4, True,
+    )  # fmt: skip
     dtype = out_ptr.dtype.element_ty
-    weight = tl.load(weights_ptr + pairs, mask=row_mask, other=0.0).to(tl.float32)
-    out = acc.to(dtype).to(tl.float32) * weight[:, None]
+    gate = acc_gate.to(dtype).to(tl.float32)
+    up = acc_up.to(dtype).to(tl.float32)
+    if CLAMPED:
+        b_row = b_ptr + expert * stride_be
+        gate = (gate + tl.load(b_row + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]).to(dtype).to(tl.float32)
+        up = (up + tl.load(b_row + N + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]).to(dtype).to(tl.float32)
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        act = (up + 1.0) * (gate / (1.0 + tl.exp(-gate * alpha)))
+    else:
+        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32) * up
     out_ptrs = out_ptr + pairs[:, None] * stride_ot + cols[None, :]
-    tl.store(out_ptrs, out.to(dtype), mask=row_mask[:, None] & col_mask[None, :])
+    tl.store(out_ptrs, act.to(dtype), mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit(do_not_specialize=["num_pairs"])  # varies with the batch
+def _down_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, weights_ptr, sorted_pairs_ptr, tile_expert_ptr, num_pairs,
+    stride_xt, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_be, stride_ot,
+    N: tl.constexpr,  # hidden size
+    K: tl.constexpr,  # intermediate size per rank
+    NUM_EXPERTS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,  # GPT-OSS on the first TP rank
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    MXFP4: tl.constexpr,
+):  # fmt: skip
+    tile = tl.program_id(0)
+    expert = tl.load(tile_expert_ptr + tile)
+    if expert >= NUM_EXPERTS:
+        return
+    pairs, row_mask, cols, col_mask = _tile_rows(sorted_pairs_ptr, tile, num_pairs, N, BLOCK_M, BLOCK_N)
+    pairs = pairs.to(tl.int64)
+    expert = expert.to(tl.int64)
+    acc, _ = _expert_gemm(
+        x_ptr, pairs, row_mask, stride_xt, w_ptr + expert * stride_we, s_ptr + expert * stride_se,
+        cols, col_mask, 0, stride_wn, stride_wk, stride_sn, K, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, MXFP4, False,
+    )  # fmt: skip
+    dtype = out_ptr.dtype.element_ty
+    out = acc.to(dtype).to(tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + expert * stride_be + cols, mask=col_mask, other=0.0).to(tl.float32)
+        out = (out + bias[None, :]).to(dtype).to(tl.float32)
+    weight = tl.load(weights_ptr + pairs, mask=row_mask, other=0.0).to(tl.float32)
+    out_ptrs = out_ptr + pairs[:, None] * stride_ot + cols[None, :]
+    tl.store(out_ptrs, (out * weight[:, None]).to(dtype), mask=row_mask[:, None] & col_mask[None, :])
 
 
 class _Tiling(NamedTuple):
@@ -179,6 +181,78 @@ def _tiling(num_pairs: int, num_experts: int, dtype: torch.dtype) -> _Tiling:
     return _Tiling(block_m, 64, block_k, num_warps=4, num_stages=3 if block_m < 64 else 2)
 
 
+class ExpertWeights(NamedTuple):
+    """One projection of every expert as a kernel reads it: dense [E, out, in], or MXFP4 codes
+    [E, out, in / 2] with their scales [E, out, in / 32] (`scales` is `data` when dense)."""
+
+    data: torch.Tensor
+    scales: torch.Tensor
+    strides: tuple[int, int, int, int, int]  # (expert, row, input) of data, (expert, row) of scales
+    mxfp4: bool
+    shape: tuple[int, int, int]  # [E, out, in]
+
+
+def dense_weights(w: torch.Tensor) -> ExpertWeights:
+    return ExpertWeights(w, w, (w.stride(0), w.stride(1), w.stride(2), 0, 0), False, tuple(w.shape))  # type: ignore[arg-type]
+
+
+def run_experts(
+    hidden: torch.Tensor,
+    w13: ExpertWeights,
+    w2: ExpertWeights,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    b13: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
+    clamp: tuple[float, float] | None = None,
+    tiling: _Tiling | None = None,
+) -> torch.Tensor:
+    """The launches both flavours share: hidden [T, H]; w13 [E, 2I, H]; w2 [E, H, I]; topk [T, K]
+    -> [T, H]. `clamp` = (limit, alpha) selects GPT-OSS's activation, which needs the gate_up bias
+    b13 [E, 2I]; b2 [E, H] is the down bias (or None). `tiling`: `_tiling`'s choice unless given
+    (tools/bench_moe_tiles.py sweeps it)."""
+    assert w13.mxfp4 == w2.mxfp4, "both expert weights MXFP4, or neither"
+    assert (clamp is None) == (b13 is None), "the gate_up bias comes with the clamped activation"
+    num_tokens, top_k = topk_ids.shape
+    num_experts, two_inter, hidden_size = w13.shape
+    inter = two_inter // 2
+    assert hidden.shape == (num_tokens, hidden_size) and hidden.stride(-1) == 1
+    assert w2.shape == (num_experts, hidden_size, inter)
+    assert b13 is None or (b13.shape == (num_experts, two_inter) and b13.stride(-1) == 1)
+    assert b2 is None or (b2.shape == (num_experts, hidden_size) and b2.stride(-1) == 1)
+    num_pairs = num_tokens * top_k
+    out_pairs = torch.empty(num_pairs, hidden_size, dtype=hidden.dtype, device=hidden.device)
+    if num_pairs == 0:
+        return out_pairs.view(num_tokens, hidden_size)
+    tiling = tiling or _tiling(num_pairs, num_experts, hidden.dtype)
+    tiles = align_by_expert(topk_ids, num_experts, tiling.block_m)
+    num_tiles = tiles.tile_expert.numel()
+    # fp32 checks parity with HF: no TF32 rounding of the GEMM inputs.
+    precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
+    blocks = {"BLOCK_M": tiling.block_m, "BLOCK_N": tiling.block_n, "BLOCK_K": tiling.block_k,
+              "PRECISION": precision, "MXFP4": w13.mxfp4, "num_warps": tiling.num_warps,
+              "num_stages": tiling.num_stages}  # fmt: skip
+    limit, alpha = clamp if clamp is not None else (0.0, 0.0)
+
+    act = torch.empty(num_pairs, inter, dtype=hidden.dtype, device=hidden.device)
+    bias = b13 if b13 is not None else hidden  # a placeholder pointer when there is none
+    _gate_up_kernel[(num_tiles, triton.cdiv(inter, tiling.block_n))](
+        hidden, w13.data, w13.scales, bias, act, tiles.sorted_pairs, tiles.tile_expert, num_pairs,
+        float(limit), float(alpha), hidden.stride(0), *w13.strides, bias.stride(0), act.stride(0),
+        N=inter, K=hidden_size, NUM_EXPERTS=num_experts, TOP_K=top_k, CLAMPED=clamp is not None, **blocks,
+    )  # fmt: skip
+    weights = topk_weights.reshape(-1).to(hidden.dtype)
+    bias = b2 if b2 is not None else hidden
+    _down_kernel[(num_tiles, triton.cdiv(hidden_size, tiling.block_n))](
+        act, w2.data, w2.scales, bias, out_pairs, weights, tiles.sorted_pairs, tiles.tile_expert, num_pairs,
+        act.stride(0), *w2.strides, bias.stride(0), out_pairs.stride(0),
+        N=hidden_size, K=inter, NUM_EXPERTS=num_experts, HAS_BIAS=b2 is not None, **blocks,
+    )  # fmt: skip
+    if top_k == 1:
+        return out_pairs
+    return out_pairs.view(num_tokens, top_k, hidden_size).sum(dim=1)
+
+
 def fused_moe(
     hidden: torch.Tensor,
     w13: torch.Tensor,
@@ -188,38 +262,4 @@ def fused_moe(
 ) -> torch.Tensor:
     """Same contract as `moe_ref.moe_ref`: hidden [T, H]; w13 [E, 2I, H]; w2 [E, H, I];
     topk_weights [T, K] (cast to hidden's dtype); topk_ids [T, K] -> [T, H]."""
-    num_tokens, top_k = topk_ids.shape
-    num_experts, two_inter, hidden_size = w13.shape
-    inter = two_inter // 2
-    assert hidden.shape == (num_tokens, hidden_size) and hidden.stride(-1) == 1
-    assert w2.shape == (num_experts, hidden_size, inter)
-    num_pairs = num_tokens * top_k
-    out_pairs = torch.empty(num_pairs, hidden_size, dtype=hidden.dtype, device=hidden.device)
-    if num_pairs == 0:
-        return out_pairs.view(num_tokens, hidden_size)
-    tiling = _tiling(num_pairs, num_experts, hidden.dtype)
-    tiles = align_by_expert(topk_ids, num_experts, tiling.block_m)
-    num_tiles = tiles.tile_expert.numel()
-    # fp32 checks parity with HF: no TF32 rounding of the GEMM inputs.
-    precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
-    launch = {"num_warps": tiling.num_warps, "num_stages": tiling.num_stages}
-
-    act = torch.empty(num_pairs, inter, dtype=hidden.dtype, device=hidden.device)
-    _gate_up_silu_kernel[(num_tiles, triton.cdiv(inter, tiling.block_n))](
-        hidden, w13, act, tiles.sorted_pairs, tiles.tile_expert, num_pairs,
-        hidden.stride(0), w13.stride(0), w13.stride(1), w13.stride(2), act.stride(0),
-        N=inter, K=hidden_size, NUM_EXPERTS=num_experts, TOP_K=top_k,
-        BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, BLOCK_K=tiling.block_k, PRECISION=precision,
-        **launch,
-    )  # fmt: skip
-    weights = topk_weights.reshape(-1).to(hidden.dtype)
-    _down_kernel[(num_tiles, triton.cdiv(hidden_size, tiling.block_n))](
-        act, w2, out_pairs, weights, tiles.sorted_pairs, tiles.tile_expert, num_pairs,
-        act.stride(0), w2.stride(0), w2.stride(1), w2.stride(2), out_pairs.stride(0),
-        N=hidden_size, K=inter, NUM_EXPERTS=num_experts,
-        BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, BLOCK_K=tiling.block_k, PRECISION=precision,
-        **launch,
-    )  # fmt: skip
-    if top_k == 1:
-        return out_pairs
-    return out_pairs.view(num_tokens, top_k, hidden_size).sum(dim=1)
+    return run_experts(hidden, dense_weights(w13), dense_weights(w2), topk_weights, topk_ids)

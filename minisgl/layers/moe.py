@@ -22,7 +22,7 @@ from torch import nn
 
 from minisgl.distributed import all_reduce, divide, get_tp_info
 from minisgl.kernels.impl import KernelImpl, triton_installed
-from minisgl.kernels.moe_ref import moe_ref
+from minisgl.kernels.moe_ref import moe_ref, route_ref
 from minisgl.platform import compiles_triton
 
 MoeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -120,25 +120,39 @@ class Routing(NamedTuple):
     ids: torch.Tensor  # [T, K] int64 expert ids, most probable first
 
 
+RouteFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def select_route_fn(impl: KernelImpl, device: torch.device) -> RouteFn:
+    """The routers' top-k: one Triton launch (`kernels/moe_routing.py`) where the fused experts
+    run (the torch ops were ~5 launches a layer), the reference elsewhere (`moe_ref.route_ref`)."""
+    if select_moe_impl(impl, device) == "torch":
+        return route_ref
+    # Imported here so the CPU path never imports triton.
+    from minisgl.kernels.moe_routing import topk_route
+
+    return topk_route
+
+
 class TopKRouter(nn.Module):
     """Replicated gate: softmax over all experts in fp32, the top k, renormalised to sum to one
     when `norm_topk_prob`, cast back to the hidden dtype (Hugging Face's numerics)."""
 
-    def __init__(self, num_experts: int, hidden: int, top_k: int, norm_topk_prob: bool) -> None:
+    def __init__(
+        self, num_experts: int, hidden: int, top_k: int, norm_topk_prob: bool, impl: KernelImpl = "auto",
+    ) -> None:  # fmt: skip
         super().__init__()
         if not 0 < top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok ({top_k}) must be in 1..num_experts ({num_experts})")
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
         self.weight = nn.Parameter(torch.empty(num_experts, hidden))
+        self._route = select_route_fn(impl, self.weight.device)
 
     def forward(self, hidden: torch.Tensor) -> Routing:
         logits = F.linear(hidden, self.weight)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return Routing(weights.to(logits.dtype), ids)
+        weights, ids = self._route(logits, self.top_k, softmax_first=True, renormalize=self.norm_topk_prob)
+        return Routing(weights, ids)
 
 
 class FusedExperts(nn.Module):
@@ -177,7 +191,7 @@ class SparseMoeBlock(nn.Module):
         impl: KernelImpl = "auto",
     ) -> None:  # fmt: skip
         super().__init__()
-        self.gate = TopKRouter(num_experts, hidden, top_k, norm_topk_prob)
+        self.gate = TopKRouter(num_experts, hidden, top_k, norm_topk_prob, impl)
         self.experts = FusedExperts(num_experts, hidden, intermediate, impl)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

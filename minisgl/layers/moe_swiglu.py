@@ -27,7 +27,7 @@ from minisgl.distributed import all_reduce, divide, get_tp_info
 from minisgl.kernels.impl import KernelImpl
 from minisgl.kernels.mxfp4 import dequantize_mxfp4
 from minisgl.kernels.swiglu_moe_ref import swiglu_moe_ref
-from minisgl.layers.moe import Routing, select_moe_impl
+from minisgl.layers.moe import Routing, select_moe_impl, select_route_fn
 
 SwigluMoeFn = Callable[..., torch.Tensor]
 # Checkpoint suffixes of the MXFP4 pair -> (parameter, part), for a model's `stacked_params`.
@@ -40,18 +40,19 @@ class BiasedTopKRouter(nn.Module):
     """Replicated router: logits = W x + b, the top k of them, softmaxed among themselves (in the
     logits' dtype, as transformers' GptOssTopKRouter)."""
 
-    def __init__(self, num_experts: int, hidden: int, top_k: int) -> None:
+    def __init__(self, num_experts: int, hidden: int, top_k: int, impl: KernelImpl = "auto") -> None:
         super().__init__()
         if not 0 < top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok ({top_k}) must be in 1..num_experts ({num_experts})")
         self.top_k = top_k
         self.weight = nn.Parameter(torch.empty(num_experts, hidden))
         self.bias = nn.Parameter(torch.empty(num_experts))
+        self._route = select_route_fn(impl, self.weight.device)
 
     def forward(self, hidden: torch.Tensor) -> Routing:
         logits = F.linear(hidden, self.weight, self.bias)
-        top, ids = torch.topk(logits, self.top_k, dim=-1)
-        return Routing(torch.softmax(top, dim=-1, dtype=top.dtype), ids)
+        weights, ids = self._route(logits, self.top_k, softmax_first=False)
+        return Routing(weights, ids)
 
 
 class SwigluExperts(nn.Module):
@@ -194,7 +195,7 @@ class GptOssMoeBlock(nn.Module):
         impl: KernelImpl = "auto", mxfp4: bool = False,
     ) -> None:  # fmt: skip
         super().__init__()
-        self.router = BiasedTopKRouter(num_experts, hidden, top_k)
+        self.router = BiasedTopKRouter(num_experts, hidden, top_k, impl)
         self.experts = SwigluExperts(num_experts, hidden, intermediate, limit, alpha, impl, mxfp4)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

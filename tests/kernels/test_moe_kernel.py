@@ -18,14 +18,14 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 # Without CUDA, tests/conftest.py has put triton in interpreter mode before this import.
 
-from minisgl.kernels.moe import _gate_up_silu_kernel, align_by_expert, fused_moe  # noqa: E402
+from minisgl.kernels.moe import _gate_up_kernel, align_by_expert, fused_moe  # noqa: E402
 from minisgl.kernels.moe_ref import moe_ref  # noqa: E402
 from minisgl.layers.moe import SparseMoeBlock, TopKRouter, select_moe_impl  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 pytestmark = pytest.mark.skipif(
-    not CUDA and type(_gate_up_silu_kernel).__name__ != "InterpretedFunction",
+    not CUDA and type(_gate_up_kernel).__name__ != "InterpretedFunction",
     reason="triton was imported in compiled mode before this module could select the interpreter",
 )
 gpu = pytest.mark.gpu
@@ -179,3 +179,13 @@ def test_gpu_cuda_graph_replay() -> None:
         tensor.copy_(new)
     graph.replay()
     torch.testing.assert_close(out, fused_moe(x2, w13, w2, weights2, ids2), atol=0, rtol=0)
+
+
+def test_explicit_tiling_matches_default() -> None:
+    """`run_experts(tiling=...)` (the tiles sweep's hook): another tile than `_tiling`'s pick, still equal to the reference."""
+    from minisgl.kernels.moe import _Tiling, _tiling, dense_weights, run_experts
+
+    x, w13, w2, weights, ids = _case(21, 8, 2, 64, 32, torch.float32)
+    assert _tiling(42, 8, torch.float32).block_m == 16
+    out = run_experts(x, dense_weights(w13), dense_weights(w2), weights, ids, tiling=_Tiling(32, 32, 32, 4, 2))
+    torch.testing.assert_close(out, moe_ref(x, w13, w2, weights, ids), atol=1e-5, rtol=1e-5)

@@ -18,14 +18,15 @@ if importlib.util.find_spec("triton") is None:
 
 from minisgl.distributed import TPInfo, get_tp_info, set_tp_info  # noqa: E402
 from minisgl.kernels.mxfp4 import dequantize_mxfp4  # noqa: E402
-from minisgl.kernels.swiglu_moe import Mxfp4Weights, _gate_up_clamped_kernel, swiglu_moe  # noqa: E402
+from minisgl.kernels.moe import _gate_up_kernel  # noqa: E402
+from minisgl.kernels.swiglu_moe import Mxfp4Weights, swiglu_moe  # noqa: E402
 from minisgl.kernels.swiglu_moe_ref import swiglu_moe_ref  # noqa: E402
 from minisgl.layers.moe_swiglu import BiasedTopKRouter, GptOssMoeBlock, SwigluExperts  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 pytestmark = pytest.mark.skipif(
-    not CUDA and type(_gate_up_clamped_kernel).__name__ != "InterpretedFunction",
+    not CUDA and type(_gate_up_kernel).__name__ != "InterpretedFunction",
     reason="triton was imported in compiled mode before this module could select the interpreter",
 )
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
