@@ -221,12 +221,9 @@ def quantization_config(fmt: str, group_size: int, sym: bool, desc_act: bool = F
             "ignore": ["lm_head"], "kv_cache_scheme": None}  # fmt: skip
 
 
-def write_w4_checkpoint(src: Path, dst: Path, fmt: str, group_size: int, sym: bool, desc_act: bool = False,
-                        seed: int = 0, quantizer=None) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]  # fmt: skip
-    """Copy the float checkpoint in `src` to `dst` with every decoder linear layer quantized in
-    `fmt`. `quantizer(name, w) -> Quantized` (default: RTN; act-order with a random permutation
-    per layer when `desc_act`). Returns the dequantized weights by layer name (the reference)."""
-    from safetensors.torch import load_file, save_file
+def _copy_beside_weights(src: Path, dst: Path) -> dict[str, torch.Tensor]:
+    """Copy `src`'s files other than its weights (config, tokenizer) to `dst`; return its state dict."""
+    from safetensors.torch import load_file
 
     dst.mkdir(parents=True, exist_ok=True)
     for item in src.iterdir():
@@ -235,6 +232,17 @@ def write_w4_checkpoint(src: Path, dst: Path, fmt: str, group_size: int, sym: bo
     state: dict[str, torch.Tensor] = {}
     for path in sorted(src.glob("*.safetensors")):
         state.update(load_file(str(path)))
+    return state
+
+
+def write_w4_checkpoint(src: Path, dst: Path, fmt: str, group_size: int, sym: bool, desc_act: bool = False,
+                        seed: int = 0, quantizer=None) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]  # fmt: skip
+    """Copy the float checkpoint in `src` to `dst` with every decoder linear layer quantized in
+    `fmt`. `quantizer(name, w) -> Quantized` (default: RTN; act-order with a random permutation
+    per layer when `desc_act`). Returns the dequantized weights by layer name (the reference)."""
+    from safetensors.torch import save_file
+
+    state = _copy_beside_weights(src, dst)
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
     dequantized: dict[str, torch.Tensor] = {}
@@ -262,14 +270,8 @@ def write_w4_checkpoint(src: Path, dst: Path, fmt: str, group_size: int, sym: bo
 
 def write_dequantized(src: Path, dst: Path, dequantized: dict[str, torch.Tensor]) -> None:
     """The float checkpoint with the quantized layers replaced by their dequantized weights."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
-    dst.mkdir(parents=True, exist_ok=True)
-    for item in src.iterdir():
-        if item.is_file() and not item.name.endswith(".safetensors") and item.name != "model.safetensors.index.json":
-            shutil.copy(item, dst / item.name)
-    state: dict[str, torch.Tensor] = {}
-    for path in sorted(src.glob("*.safetensors")):
-        state.update(load_file(str(path)))
+    state = _copy_beside_weights(src, dst)
     state = {name: dequantized.get(name, tensor).contiguous() for name, tensor in state.items()}
     save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})

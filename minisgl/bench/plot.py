@@ -16,6 +16,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
+from minisgl.bench.serve_stats import percentile
+
 SweepAxis = Literal["concurrency", "request_rate"]
 AXIS_LABELS: dict[str, str] = {"concurrency": "concurrency (requests in flight)", "request_rate": "request rate (req/s)"}
 
@@ -88,7 +90,7 @@ def _histogram(ax: Any, values_ms: list[float], name: str) -> None:
     cdf.set_ylim(0, 1.02)
     cdf.set_ylabel("fraction ≤ x")
     for q, style in ((50, "--"), (99, ":")):
-        value = _percentile(values_ms, q)
+        value = percentile(values_ms, q)
         ax.axvline(value, color="#333333", linestyle=style, linewidth=1, label=f"p{q} {value:.1f} ms")
     ax.legend(loc="center right", fontsize=8)
 
@@ -122,19 +124,8 @@ def _throughput(ax: Any, series: Sequence[PlotSeries], axis: SweepAxis) -> None:
     ax.grid(alpha=0.3)
     latency = ax.twinx()
     for q, style in ((50, "--"), (99, ":")):
-        latency.plot(xs, [1000 * _percentile(s.ttft_s, q) for s in series], marker="s", linestyle=style,
-                     color="#e45756", label=f"TTFT p{q}")  # fmt: skip
+        ttft_ms = [1000 * percentile(s.ttft_s, q) if s.ttft_s else float("nan") for s in series]
+        latency.plot(xs, ttft_ms, marker="s", linestyle=style, color="#e45756", label=f"TTFT p{q}")
     latency.set_ylabel("TTFT ms", color="#e45756")
     lines = ax.get_lines() + latency.get_lines()
     ax.legend(lines, [line.get_label() for line in lines], fontsize=8, loc="upper left")
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks, as the benchmark's own percentiles (serve.py)."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -33,7 +34,7 @@ class Stats(NamedTuple):
     p99: float
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
     """Linear interpolation between closest ranks (numpy's default method)."""
     if not values:
         raise ValueError("percentile of no values")

@@ -62,34 +62,41 @@ def _set_loader(param: nn.Parameter, loader: WeightLoader) -> None:
     param.weight_loader = loader  # type: ignore[attr-defined]
 
 
-def _drop_weight(layer: nn.Module, fn: LinearFn, sharded: bool = False) -> None:
-    """The layer's matmul becomes `fn`, which holds the weight itself (GGUF blocks:
-    layers/quant.py; `sharded`: this rank's shard, float8 weights: layers/fp8.py); the float
-    parameter is replaced by an empty one (its memory was never written: the model is built
-    with `torch.empty`)."""
-    if get_tp_info().size != 1 and not sharded:
-        raise ValueError("weights held outside the layer (--weights gguf) run at one rank: pass --weights float32")
-    layer._linear = fn  # type: ignore[assignment]
-    layer.weight = nn.Parameter(torch.empty(0), requires_grad=False)
-    layer.weight_held_by_fn = True  # type: ignore[assignment]
-
-
 def _copy(param: nn.Parameter, loaded: torch.Tensor) -> None:
     if param.shape != loaded.shape:
         raise ValueError(f"shape mismatch: parameter {tuple(param.shape)} vs checkpoint {tuple(loaded.shape)}")
     param.data.copy_(loaded)
 
 
-class ColumnParallelLinear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+class _ShardedLinear(nn.Module):
+    """What both layouts share: this rank's weight [rows, cols], the matmul chosen once for it,
+    the LoRA delta hook, and handing the weight to a function that holds it (`use_weight_fn`)."""
+
+    def __init__(self, rows: int, cols: int) -> None:
         super().__init__()
         tp = get_tp_info()
         self.tp_rank, self.tp_size = tp.rank, tp.size
-        self.out_per_rank = divide(out_features, tp.size, "output features")
-        self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features))
+        self.weight = nn.Parameter(torch.empty(rows, cols))
         self._linear = select_linear(self.weight)
         self.weight_held_by_fn = False  # set by use_weight_fn
         self.lora: LinearDelta | None = None  # set by lora/layer.py when adapters are served
+
+    def use_weight_fn(self, fn: LinearFn, sharded: bool = False) -> None:
+        """At load, once: `fn(x, weight[, bias])` computes the layer and holds its weight (GGUF
+        blocks: layers/quant.py; `sharded`: fn holds this rank's shard, any TP size: float8
+        weights, layers/fp8.py). The float parameter is replaced by an empty one (its memory was
+        never written: the model is built with `torch.empty`)."""
+        if get_tp_info().size != 1 and not sharded:
+            raise ValueError("weights held outside the layer (--weights gguf) run at one rank: pass --weights float32")
+        self._linear = fn
+        self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+        self.weight_held_by_fn = True
+
+
+class ColumnParallelLinear(_ShardedLinear):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        self.out_per_rank = divide(out_features, get_tp_info().size, "output features")
+        super().__init__(self.out_per_rank, in_features)
         _set_loader(self.weight, self._load)
         self.bias = nn.Parameter(torch.empty(self.out_per_rank)) if bias else None
         if self.bias is not None:
@@ -105,13 +112,10 @@ class ColumnParallelLinear(nn.Module):
         assert part is None, f"{type(self).__name__} has no part {part!r}"
         return PartRows(0, self.out_per_rank, self.tp_rank)
 
-    def _load(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        _copy(param, loaded.narrow(0, self.tp_rank * self.out_per_rank, self.out_per_rank))
-
-    def use_weight_fn(self, fn: LinearFn, sharded: bool = False) -> None:
-        """At load, once: `fn(x, weight, bias)` computes the layer and holds its weight (the
-        quantized GGUF path, layers/quant.py; `sharded`: fn holds this rank's shard, any TP size)."""
-        _drop_weight(self, fn, sharded)
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor, part: str | int | None = None) -> None:
+        """Checkpoint part `part` (the whole layer: None) -> its shard, into its rows (`part_rows`)."""
+        offset, size, shard = self.part_rows(part)
+        _copy(param.data.narrow(0, offset, size), loaded.narrow(0, shard * size, size))  # type: ignore[arg-type]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self._linear(x, self.weight, self.bias)
@@ -138,10 +142,6 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def part_rows(self, part: str | int | None = None) -> PartRows:
         assert isinstance(part, int), "a merged projection is loaded one part at a time"
         return PartRows(sum(self.part_per_rank[:part]), self.part_per_rank[part], self.tp_rank)
-
-    def _load(self, param: nn.Parameter, loaded: torch.Tensor, part: int | None = None) -> None:  # type: ignore[override]
-        offset, size, shard = self.part_rows(part)
-        _copy(param.data.narrow(0, offset, size), loaded.narrow(0, shard * size, size))  # type: ignore[arg-type]
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -173,21 +173,11 @@ class QKVParallelLinear(ColumnParallelLinear):
             return PartRows(q_size if part == "k" else q_size + kv_size, kv_size, self.tp_rank // self.kv_replicas)
         raise AssertionError(f"unknown qkv part {part!r}")
 
-    def _load(self, param: nn.Parameter, loaded: torch.Tensor, part: str | None = None) -> None:  # type: ignore[override]
-        offset, size, shard = self.part_rows(part)
-        _copy(param.data.narrow(0, offset, size), loaded.narrow(0, shard * size, size))  # type: ignore[arg-type]
 
-
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_ShardedLinear):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
-        super().__init__()
-        tp = get_tp_info()
-        self.tp_rank, self.tp_size = tp.rank, tp.size
-        self.in_per_rank = divide(in_features, tp.size, "input features")
-        self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank))
-        self._linear = select_linear(self.weight)
-        self.weight_held_by_fn = False  # set by use_weight_fn
-        self.lora: LinearDelta | None = None  # set by lora/layer.py when adapters are served
+        self.in_per_rank = divide(in_features, get_tp_info().size, "input features")
+        super().__init__(out_features, self.in_per_rank)
         # `add_to_`: the split-K Triton GEMM where the platform compiles Triton (--triton-gemm).
         self._splitk = current().kernels.triton_gemm
         _set_loader(self.weight, self._load_weight)
@@ -197,10 +187,6 @@ class RowParallelLinear(nn.Module):
 
     def _load_weight(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         _copy(param, loaded.narrow(1, self.tp_rank * self.in_per_rank, self.in_per_rank))
-
-    def use_weight_fn(self, fn: LinearFn, sharded: bool = False) -> None:
-        """As `ColumnParallelLinear.use_weight_fn`."""
-        _drop_weight(self, fn, sharded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self._linear(x, self.weight)

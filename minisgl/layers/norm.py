@@ -45,7 +45,23 @@ class RMSNorm(nn.Module):
         return self._add_norm(x, residual, self.weight, self.eps)
 
 
-class GemmaRMSNorm(nn.Module):
+class TorchNorm(nn.Module):
+    """A plain-torch norm taking a residual as `RMSNorm` does: `normalize(x)`, or with `residual`,
+    (normalize(x + residual), x + residual). Subclasses give `normalize`."""
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return self.normalize(x)
+        total = x + residual
+        return self.normalize(total), total
+
+
+class GemmaRMSNorm(TorchNorm):
     """Gemma's RMSNorm: the weight is stored as an offset from one, and, unlike Llama's, the
     product with (1 + weight) is taken in fp32 before the cast back (Hugging Face's math). The
     plain-torch path only; with `residual`, (norm(x + residual), x + residual)."""
@@ -55,12 +71,7 @@ class GemmaRMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(size))
 
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if residual is not None:
-            total = x + residual
-            return self.forward(total), total
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         out = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight.float())
         return out.to(x.dtype)

@@ -14,7 +14,7 @@ from minisgl.models.config_deepseek import (
     parse_deepseek,
 )
 from minisgl.models.config_families import family_config, family_fields, parse_rope
-from minisgl.models.quant_config import QuantScheme, parse_quant_config
+from minisgl.models.quant_config import Mxfp4Scheme, QuantScheme, parse_quant_config
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -95,8 +95,8 @@ class ModelConfig:
     attn_sinks: bool = False
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.702
-    mxfp4_experts: bool = False  # the checkpoint ships its experts in MXFP4 (quant_method "mxfp4")
-    # The checkpoint's quantized weights (its `quantization_config`); None: float weights.
+    # The checkpoint's quantized weights (its `quantization_config`); None: float weights. MXFP4
+    # (`Mxfp4Scheme`) is GPT-OSS's experts only.
     quantization: QuantScheme | None = None
 
     @property
@@ -198,6 +198,9 @@ class ModelConfig:
             head_dim, kv_heads = deepseek.latent_dim, 1
             mlp_only = tuple(i for i in range(num_layers) if not deepseek.is_moe_layer(i, num_experts))
         fields = family_fields(arch, cfg)
+        quantization = parse_quant_config(top.get("quantization_config"))
+        if isinstance(quantization, Mxfp4Scheme) and arch != "GptOssForCausalLM":
+            raise ValueError(f"{arch} with mxfp4 weights: minisgl reads MXFP4 for GPT-OSS's experts only")
         if deepseek is not None:
             fields["attn_scale"] = deepseek.softmax_scale
         return ModelConfig(
@@ -232,7 +235,7 @@ class ModelConfig:
             partial_rotary_factor=rope.partial_rotary_factor,
             has_lm_head=not headless,
             deepseek=deepseek,
-            quantization=parse_quant_config(top.get("quantization_config")),
+            quantization=quantization,
             **fields,
         )
 

@@ -172,8 +172,6 @@ def family_fields(arch: str, cfg: dict[str, Any]) -> dict[str, Any]:
         fields["attn_sinks"] = True
         fields["swiglu_limit"] = float(cfg.get("swiglu_limit", 7.0))
         fields["swiglu_alpha"] = float(cfg.get("swiglu_alpha", 1.702))
-        quant = cfg.get("quantization_config") or {}
-        fields["mxfp4_experts"] = isinstance(quant, dict) and quant.get("quant_method") == "mxfp4"
     if arch == "GraniteForCausalLM":
         fields["attn_scale"] = float(cfg.get("attention_multiplier", 1.0))
         fields["embedding_multiplier"] = float(cfg.get("embedding_multiplier", 1.0))

@@ -23,6 +23,7 @@ from minisgl.layers.moe_swiglu import MXFP4_STACKED_PARAMS, GptOssMoeBlock
 from minisgl.layers.norm import RMSNorm
 from minisgl.models.config import ModelConfig
 from minisgl.models.llama import LlamaForCausalLM, PreNormLayer, SelfAttention
+from minisgl.models.quant_config import Mxfp4Scheme
 
 
 class GptOssAttention(SelfAttention):
@@ -53,7 +54,7 @@ class GptOssDecoderLayer(PreNormLayer):
         assert config.swiglu_limit is not None, "GPT-OSS configs set swiglu_limit (config_families)"
         self.mlp = GptOssMoeBlock(
             config.num_experts, config.num_experts_per_tok, config.hidden_size, config.moe_intermediate_size,
-            config.swiglu_limit, config.swiglu_alpha, mxfp4=config.mxfp4_experts,
+            config.swiglu_limit, config.swiglu_alpha, mxfp4=isinstance(config.quantization, Mxfp4Scheme),
         )  # fmt: skip
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)

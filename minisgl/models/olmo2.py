@@ -13,11 +13,12 @@ import torch
 from torch import nn
 
 from minisgl.distributed import all_reduce, get_tp_info
+from minisgl.layers.norm import TorchNorm
 from minisgl.models.config import ModelConfig
 from minisgl.models.llama import MLP, DecoderModel, LlamaForCausalLM, SelfAttention
 
 
-class Olmo2RMSNorm(nn.Module):
+class Olmo2RMSNorm(TorchNorm):
     """RMSNorm over `size` features, of which this rank holds slice `shard` of `num_shards`
     (each shard held by `replicas` ranks); the default is the whole vector on every rank."""
 
@@ -35,12 +36,7 @@ class Olmo2RMSNorm(nn.Module):
             raise ValueError(f"norm weight shape {tuple(loaded.shape)} != ({self.size},)")
         param.data.copy_(loaded.narrow(0, self.shard * self.local, self.local))
 
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if residual is not None:
-            total = x + residual
-            return self.forward(total), total
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         if self.num_shards == 1:
             variance = x32.pow(2).mean(-1, keepdim=True)

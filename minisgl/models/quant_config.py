@@ -13,7 +13,8 @@ and refuses, with the reason, what minisgl does not run. FP8 (W8A8, float8 e4m3)
 
 Each scale multiplies (`weight_scale_inv` too: value = float8 * scale). `--quantization fp8`
 on a float checkpoint makes the scheme `load_time_fp8()` (per-channel weights, per-token
-activations), quantized by the loader.
+activations), quantized by the loader. 4-bit integer weights (AWQ, GPTQ, pack-quantized) are
+`W4Scheme` (models/quant_config_w4.py); GPT-OSS's `quant_method: mxfp4` experts are `Mxfp4Scheme`.
 """
 
 from __future__ import annotations
@@ -54,8 +55,19 @@ class Fp8Scheme:
         return self.block[1] if self.activation == "group" and self.block is not None else None
 
 
-# A checkpoint's quantized linear weights: FP8 (W8A8, layers/fp8.py) or 4-bit (W4A16, layers/w4.py).
-QuantScheme = Fp8Scheme | W4Scheme
+@dataclass(frozen=True)
+class Mxfp4Scheme:
+    """MXFP4 (OCP microscaling FP4, kernels/mxfp4.py): GPT-OSS's routed experts as `<param>_blocks`
+    (e2m1 codes, two a byte) and `<param>_scales` (one e8m0 power of two per 32 inputs). The
+    experts stay 4-bit where layers/moe_swiglu.py's fused kernel serves, else are dequantized at
+    load; every other module stays float."""
+
+    ignore: tuple[str, ...] = ()  # the modules the checkpoint leaves float (informational)
+
+
+# A checkpoint's quantized weights: FP8 (W8A8, layers/fp8.py), 4-bit integer (W4A16, layers/w4.py)
+# or MXFP4 experts (GPT-OSS, layers/moe_swiglu.py).
+QuantScheme = Fp8Scheme | W4Scheme | Mxfp4Scheme
 
 
 def load_time_fp8() -> Fp8Scheme:
@@ -79,9 +91,10 @@ def parse_quant_config(cfg: dict[str, Any] | None) -> QuantScheme | None:
     if method == "compressed-tensors":
         return _parse_compressed_tensors(cfg)
     if method == "mxfp4":
-        return None  # GPT-OSS's MXFP4 experts: the family reads them (ModelConfig.mxfp4_experts, layers/moe_swiglu.py)
-    raise ValueError(f"unsupported quantization_config quant_method {method!r}; minisgl runs fp8, awq, gptq "
-                     "and compressed-tensors float-quantized (FP8) / pack-quantized (int4) checkpoints")  # fmt: skip
+        return Mxfp4Scheme(ignore=tuple(str(m) for m in cfg.get("modules_to_not_convert") or ()))
+    raise ValueError(f"unsupported quantization_config quant_method {method!r}; minisgl runs fp8, awq, gptq, "
+                     "compressed-tensors float-quantized (FP8) / pack-quantized (int4) and (GPT-OSS) mxfp4 "
+                     "checkpoints")  # fmt: skip
 
 
 def _parse_fp8(cfg: dict[str, Any]) -> Fp8Scheme:

@@ -18,6 +18,7 @@ import torch
 from minisgl import LLM, SamplingParams
 from minisgl.kernels.mxfp4 import dequantize_mxfp4
 from minisgl.models.config import ModelConfig
+from minisgl.models.quant_config import Mxfp4Scheme
 from tests.tiny_models import hf_greedy
 
 WINDOW = 8
@@ -237,7 +238,7 @@ def test_mxfp4_checkpoint_matches_hf(tmp_path: Path) -> None:
     """The MXFP4 experts, dequantized at load (CPU), decode HF's tokens on the dense values."""
     hf_model = make_mxfp4_gpt_oss(tmp_path)
     llm = LLM(str(tmp_path), device="cpu", dtype="float32", page_size=4, num_pages=128)
-    assert llm.engine.model_config.mxfp4_experts
+    assert isinstance(llm.engine.model_config.quantization, Mxfp4Scheme)
     prompts = _prompts(5, (20,))
     expected = hf_greedy(hf_model, prompts[0], NEW_TOKENS)
     assert len(set(expected)) > 3, "degenerate reference output"

@@ -7,7 +7,6 @@ dummy weights) through captured decode."""
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 from pathlib import Path
@@ -15,31 +14,29 @@ from pathlib import Path
 import pytest
 import torch
 
-from minisgl import LLM, SamplingParams
+from minisgl import LLM
 from tests.deepseek_models import VARIANTS, VOCAB, make_tiny_deepseek
-from tests.tiny_models import hf_greedy
+from tests.engine_helpers import check_top5_at_divergence
+from tests.golden.gpu_parity import (
+    NEW,
+    bf16_on_gpu,
+    check_greedy_equals_hf,
+    fp32_graph_llm,
+    greedy_ids,
+    parity_llm,
+    parity_prompts,
+    tiny_models,
+)
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-NEW = 48
+tiny = tiny_models(VARIANTS, make_tiny_deepseek)
 
 
 def _prompts() -> list[list[int]]:
-    rng = random.Random(26)
-    return [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (1, 9, 40, 130)]
-
-
-def _greedy(llm: LLM, prompts: list[list[int]], new: int = NEW) -> list[list[int]]:
-    params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
-    return [list(r.outputs[0].token_ids) for r in llm.generate(prompts, params, use_tqdm=False)]
-
-
-@pytest.fixture(scope="module", params=VARIANTS)
-def tiny(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp(request.param)
-    return request.param, path, make_tiny_deepseek(request.param, path)
+    return parity_prompts(26, VOCAB)
 
 
 @pytest.mark.parametrize("graph_bs", [16, 0])
@@ -47,23 +44,16 @@ def test_fp32_triton_equals_hf(tiny, graph_bs):
     from minisgl.layers.mla import LatentAttention
 
     variant, path, hf = tiny
-    prompts = _prompts()
-    expected = [hf_greedy(hf, p, NEW) for p in prompts]
-    llm = LLM(str(path), device="cuda", dtype="float32", attn="triton", page_size=16, num_pages=256,
-              cuda_graph_max_bs=graph_bs, max_prefill_tokens=64)  # fmt: skip
+    llm = fp32_graph_llm(path, graph_bs)
     layers = [m for m in llm.engine.model.modules() if isinstance(m, LatentAttention)]
     assert layers and all(layer.decode_impl == "triton" for layer in layers)
-    for prompt, got, exp in zip(prompts, _greedy(llm, prompts), expected):
-        assert got == exp, f"{variant} (graphs up to {graph_bs}), prompt len {len(prompt)}"
+    check_greedy_equals_hf(llm, hf, _prompts(), f"{variant} (graphs up to {graph_bs})")
 
 
 def test_bf16_top5_at_divergence(tiny):
-    from tests.engine_helpers import check_top5_at_divergence
-
     variant, path, hf = tiny
-    hf_cuda = copy.deepcopy(hf).to("cuda", torch.bfloat16)
-    llm = LLM(str(path), device="cuda", dtype="bfloat16", attn="triton", page_size=16, num_pages=256)
-    check_top5_at_divergence(llm, hf_cuda, _prompts(), NEW, variant, near_tie=routing_near_tie)
+    llm = parity_llm(path, "bfloat16")
+    check_top5_at_divergence(llm, bf16_on_gpu(hf), _prompts(), NEW, variant, near_tie=routing_near_tie)
 
 
 # Router score gap under which bf16 rounding may pick the other expert (group): sigmoid scores
@@ -138,7 +128,7 @@ def test_v2_lite_shapes_decode_in_graphs(tmp_path: Path) -> None:
     for graph_bs in (8, 0):
         llm = LLM(str(tmp_path), device="cuda", dtype="bfloat16", dummy_weights=True, page_size=16,
                   num_pages=512, cuda_graph_max_bs=graph_bs)  # fmt: skip
-        results.append(_greedy(llm, prompts, 16))
+        results.append(greedy_ids(llm, prompts, 16))
         del llm
         torch.cuda.empty_cache()
     assert results[0] == results[1]

@@ -7,7 +7,6 @@ shipped config with dummy weights starts, captures its graphs and decodes."""
 
 from __future__ import annotations
 
-import copy
 import random
 from pathlib import Path
 
@@ -15,24 +14,25 @@ import pytest
 import torch
 
 from minisgl import LLM, SamplingParams
+from tests.engine_helpers import check_top5_at_divergence
+from tests.golden.gpu_parity import (
+    NEW,
+    bf16_on_gpu,
+    check_greedy_equals_hf,
+    fp32_graph_llm,
+    greedy_ids,
+    parity_llm,
+    parity_prompts,
+)
 from tests.golden.test_gpt_oss import VOCAB, make_mxfp4_gpt_oss, make_tiny_gpt_oss
-from tests.tiny_models import hf_greedy
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-NEW = 48
-
 
 def _prompts() -> list[list[int]]:
-    rng = random.Random(26)
-    return [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (1, 9, 40, 130)]
-
-
-def _greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
-    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
-    return [list(r.outputs[0].token_ids) for r in llm.generate(prompts, params, use_tqdm=False)]
+    return parity_prompts(26, VOCAB)
 
 
 @pytest.fixture(scope="module")
@@ -51,24 +51,18 @@ def _check_kernels(llm: LLM) -> None:
 def test_fp32_triton_equals_hf(tiny: tuple[Path, torch.nn.Module], graph_bs: int) -> None:
     path, hf = tiny
     prompts = _prompts()
-    expected = [hf_greedy(hf, p, NEW) for p in prompts]
-    llm = LLM(str(path), device="cuda", dtype="float32", attn="triton", page_size=16, num_pages=256,
-              cuda_graph_max_bs=graph_bs, max_prefill_tokens=64)  # fmt: skip
+    llm = fp32_graph_llm(path, graph_bs)
     _check_kernels(llm)
-    for prompt, got, exp in zip(prompts, _greedy(llm, prompts), expected):
-        assert got == exp, f"graphs up to {graph_bs}, prompt len {len(prompt)}"
-    batched = _greedy(llm, prompts)  # all four at once: mixed extend + decode steps
+    expected = check_greedy_equals_hf(llm, hf, prompts, f"graphs up to {graph_bs}")
+    batched = greedy_ids(llm, prompts)  # all four at once: mixed extend + decode steps
     assert batched == expected
 
 
 def test_bf16_top5_at_divergence(tiny: tuple[Path, torch.nn.Module]) -> None:
-    from tests.engine_helpers import check_top5_at_divergence
-
     path, hf = tiny
-    hf_cuda = copy.deepcopy(hf).to("cuda", torch.bfloat16)
-    llm = LLM(str(path), device="cuda", dtype="bfloat16", attn="triton", page_size=16, num_pages=256)
+    llm = parity_llm(path, "bfloat16")
     _check_kernels(llm)
-    check_top5_at_divergence(llm, hf_cuda, _prompts(), NEW, "GPT-OSS")
+    check_top5_at_divergence(llm, bf16_on_gpu(hf), _prompts(), NEW, "GPT-OSS")
 
 
 @pytest.mark.parametrize("graph_bs", [16, 0])
@@ -76,14 +70,11 @@ def test_fp32_mxfp4_resident_equals_hf(tmp_path: Path, graph_bs: int) -> None:
     """An MXFP4 checkpoint on CUDA keeps its experts 4-bit (the fused kernel dequantizes tiles
     exactly): fp32 greedy still equals HF on the dequantized weights."""
     hf = make_mxfp4_gpt_oss(tmp_path)
-    llm = LLM(str(tmp_path), device="cuda", dtype="float32", attn="triton", page_size=16, num_pages=256,
-              cuda_graph_max_bs=graph_bs, max_prefill_tokens=64)  # fmt: skip
+    llm = fp32_graph_llm(tmp_path, graph_bs)
     _check_kernels(llm)
     experts = [m for m in llm.engine.model.modules() if type(m).__name__ == "SwigluExperts"]
     assert all(m.mxfp4 for m in experts), "MXFP4 experts should stay 4-bit on CUDA"
-    prompts = _prompts()
-    for prompt, got in zip(prompts, _greedy(llm, prompts)):
-        assert got == hf_greedy(hf, prompt, NEW), f"graphs up to {graph_bs}, prompt len {len(prompt)}"
+    check_greedy_equals_hf(llm, hf, _prompts(), f"MXFP4 resident, graphs up to {graph_bs}")
 
 
 @pytest.mark.slow
