@@ -39,6 +39,9 @@ class ForwardBatch:
     sample_idx: torch.Tensor  # [S] int64, token indices (into T) whose logits are needed
     # [P] int64, token indices whose final hidden states are returned (embedding requests), or None.
     pool_idx: torch.Tensor | None = None
+    # [4, T] int64: input_ids, positions, out_loc and rows as one strided view of the same memory,
+    # where the engine uploaded them so (a decode step): a graph replay copies its inputs in one go.
+    decode_block: torch.Tensor | None = None
     attn_meta: Any = field(default=None)  # filled by the attention backend's prepare()
 
     @property

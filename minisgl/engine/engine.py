@@ -27,7 +27,7 @@ from minisgl.engine.pooling import PooledRows
 from minisgl.engine.speculative import row_steps, verify_row
 from minisgl.engine.sampler import LogitsControls, Sampler, SamplingBatch, token_logprobs
 from minisgl.engine.step import ForwardOut, LaunchedStep, PromptChunk, StepPlan, chunked_logprobs, host_copy
-from minisgl.utils.transfer import StagingRing, upload, upload_many
+from minisgl.utils.transfer import StagingRing, stacked, upload, upload_many
 from minisgl.kvcache.latent_pool import LatentPool
 from minisgl.kvcache.pool import KV_CACHE_DTYPES, KVPool
 from minisgl.layers.attention import AttentionLayer
@@ -325,27 +325,31 @@ class Engine:
         dst, src = [t for t, _ in plan.from_prev], [j for _, j in plan.from_prev]
         # The token-table entries are this step's tokens, then the plan's extra ones: `positions`
         # is the head of the table positions.
-        (ids_t, table_rows, table_pos, sample_t, dst_t, src_t, targets_t, out_loc, rows_t,
+        # The first four parts lie one padded length apart in a decode step (`stacked` below).
+        (ids_t, table_pos, out_loc, rows_t, table_rows, sample_t, dst_t, src_t, targets_t,
          seq_t, ext_t, starts_t, table_slots) = upload_many(self._staging, self.device, [
-            input_ids, rows_per_token + plan.table_rows, positions + plan.table_pos,
-            logits_idx, dst, src, prompt_targets, out_loc_list, rows,
+            input_ids, positions + plan.table_pos, out_loc_list, rows, rows_per_token + plan.table_rows,
+            logits_idx, dst, src, prompt_targets,
             seq_lens, ext_lens, starts, out_loc_list + plan.table_slots,
         ], int32_tail=4)  # fmt: skip
         pos_t = table_pos[: len(positions)]
+        rope_rows_apart = False
         original = self.model_config.long_rope_from
         if original is not None and any(req.long_rope for req in plan.reqs):  # rotary rows, not positions
             spans = [(s, s + n) for req, s, n in zip(plan.reqs, starts, ext_lens) if req.long_rope]
             rope_rows = long_rope_rows(positions, spans, self.model_config.context_len, original)
             pos_t = upload(rope_rows, torch.int64, self.device)
+            rope_rows_apart = True
         if dst:
             # Tokens sampled by the step still in flight: read them on the device.
             assert prev is not None
-            if len(dst) == len(input_ids):  # every token (a decode step): one gather
-                ids_t = prev.tokens.index_select(0, src_t)
+            if len(dst) == len(input_ids):  # every token (a decode step): one gather, in place
+                torch.index_select(prev.tokens, 0, src_t, out=ids_t)
             else:
                 ids_t = ids_t.clone()
                 ids_t[dst_t] = prev.tokens[src_t]
-        self.token_table[table_rows, table_pos] = table_slots
+        self.token_table.index_put_((table_rows, table_pos), table_slots)
+        block = stacked([ids_t, pos_t, out_loc, rows_t]) if decode and not rope_rows_apart else None
         batch = ForwardBatch(
             phase="decode" if decode else "extend",
             input_ids=ids_t,
@@ -360,6 +364,7 @@ class Engine:
             extend_lens_cpu=ext_lens,
             sample_idx=sample_t,
             pool_idx=upload(pool_idx, torch.int64, self.device) if pool_idx else None,
+            decode_block=block,
         )
         return _Built(batch, sampled, prompt_chunks, targets_t, num_logits, pooled)
 

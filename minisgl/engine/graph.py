@@ -4,7 +4,7 @@
 decode batch is padded to the nearest captured size (padding rows attend to nothing and write
 their KV to the pool's scratch slot) and replayed. Anything else runs eagerly. The captured
 kernels read the runner's static input buffers, the attention metadata included, so a replay
-costs a few copies into them.
+costs two copies into them (the int64 inputs as one block, the int32 lengths).
 """
 
 from __future__ import annotations
@@ -113,10 +113,12 @@ class GraphRunner:
         # replay keep whatever row they last held; their seq_len 0 reads none of it.
         token_table[scratch_row, 0] = scratch_slot
         long = dict(dtype=torch.int64, device=device)
-        self.input_ids = torch.zeros(max_bs, **long)  # type: ignore[arg-type]
-        self.positions = torch.zeros(max_bs, **long)  # type: ignore[arg-type]
-        self.out_loc = torch.full((max_bs,), scratch_slot, **long)  # type: ignore[arg-type]
-        self.rows = torch.full((max_bs,), scratch_row, **long)  # type: ignore[arg-type]
+        # input_ids, positions, out_loc, rows: the rows of one buffer, so a batch uploaded as one
+        # block (`ForwardBatch.decode_block`) lands in them with one copy.
+        self.inputs = torch.zeros(4, max_bs, **long)  # type: ignore[arg-type]
+        self.input_ids, self.positions, self.out_loc, self.rows = self.inputs.unbind(0)
+        self.out_loc.fill_(scratch_slot)
+        self.rows.fill_(scratch_row)
         self.seq_lens = torch.zeros(max_bs, dtype=torch.int32, device=device)
         self.arange = torch.arange(max_bs, **long)  # type: ignore[arg-type]
         self.arange32 = self.arange.int()
@@ -178,10 +180,13 @@ class GraphRunner:
             return self.eager.run(batch)
         self.replays += 1
         bs = batch.batch_size
-        self.input_ids[:bs].copy_(batch.input_ids)
-        self.positions[:bs].copy_(batch.positions)
-        self.out_loc[:bs].copy_(batch.out_loc)
-        self.rows[:bs].copy_(batch.rows)
+        if batch.decode_block is not None:
+            self.inputs[:, :bs].copy_(batch.decode_block)
+        else:
+            self.input_ids[:bs].copy_(batch.input_ids)
+            self.positions[:bs].copy_(batch.positions)
+            self.out_loc[:bs].copy_(batch.out_loc)
+            self.rows[:bs].copy_(batch.rows)
         self.seq_lens[:bs].copy_(batch.seq_lens)
         if padded > bs:
             # Padding entries attend to nothing (seq_len 0) and write their KV to the scratch

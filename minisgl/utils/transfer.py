@@ -1,6 +1,6 @@
 """Host-to-device uploads that never make the host wait for queued GPU work: a single list
 (`upload`, pinned staging per call) and the step's many int lists in one copy (`upload_many`,
-through reused pinned buffers). In `utils` because the engine and the attention backends both
+through reused pinned buffers; `stacked` views consecutive equal-length parts as one block). In `utils` because the engine and the attention backends both
 upload per-step metadata."""
 
 from __future__ import annotations
@@ -69,3 +69,21 @@ def upload_many(
         head = sum(padded[:-int32_tail])
         chunks[-int32_tail:] = dev[head:].to(torch.int32).split(padded[-int32_tail:])
     return [chunk[: len(part)] for chunk, part in zip(chunks, parts)]
+
+
+def stacked(views: list[torch.Tensor]) -> torch.Tensor | None:
+    """Equal-length 1-D views that `upload_many` returned for consecutive parts, as one [k, n] view
+    of the same memory (a single copy moves them all); None when their lengths, dtypes or spacing
+    differ (parts of different padded lengths)."""
+    first = views[0]
+    n, dtype = first.numel(), first.dtype
+    if any(v.dim() != 1 or v.numel() != n or v.dtype != dtype or v.stride(0) != 1 for v in views):
+        return None
+    size = first.element_size()
+    gaps = {(b.data_ptr() - a.data_ptr()) for a, b in zip(views, views[1:])}
+    if len(gaps) != 1:
+        return None
+    gap = gaps.pop()
+    if gap < n * size or gap % size or any(v.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() for v in views):
+        return None
+    return first.as_strided((len(views), n), (gap // size, 1))
