@@ -22,7 +22,6 @@ It is cached under `build_dir()` and logged once. Shape and dtype errors raise R
 from __future__ import annotations
 
 import hashlib
-
 import threading
 import time
 from pathlib import Path
