@@ -11,7 +11,8 @@
 // The worst case is the single-thread time, the idle case the all-threads one.
 //
 // Workers spin for SPIN_US after their last chunk (a decode step's calls come tens of us apart),
-// then sleep on a condition variable; a job wakes sleepers, but does not wait for them.
+// yielding the core between checks after YIELD_US, then sleep on a condition variable; a job
+// wakes sleepers, but does not wait for them.
 // Built with the library's default flags (no ISA target): include it from the dispatch files only.
 #pragma once
 #include <pthread.h>
@@ -37,7 +38,7 @@ namespace minisgl_pool {
 // fn(ctx, chunk): one chunk of a job, on the caller's thread or a worker's.
 using ChunkFn = void (*)(void* ctx, int64_t chunk);
 
-constexpr int64_t SPIN_US = 300;
+constexpr int64_t SPIN_US = 300, YIELD_US = 30;
 
 class Pool {
  public:
@@ -123,8 +124,15 @@ class Pool {
         spins = 0;
         continue;
       }
-      if (++spins % 64 != 0 || std::chrono::steady_clock::now() - last < std::chrono::microseconds(SPIN_US)) {
+      if (++spins % 64 != 0) {
         MINISGL_POOL_PAUSE();
+        continue;
+      }
+      const auto idle = std::chrono::steady_clock::now() - last;
+      if (idle < std::chrono::microseconds(SPIN_US)) {
+        // Past the first YIELD_US, give the core to any other runnable thread between checks
+        // (torch's own OpenMP workers, whose barriers do wait for every thread).
+        if (idle >= std::chrono::microseconds(YIELD_US)) std::this_thread::yield();
         continue;
       }
       std::unique_lock<std::mutex> lk(mutex_);
