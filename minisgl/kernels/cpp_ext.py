@@ -21,6 +21,7 @@ It is cached under `build_dir()` and logged once. Shape and dtype errors raise R
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from pathlib import Path
@@ -142,8 +143,18 @@ def set_isa(isa: IsaChoice) -> None:
     _CHOICE.isa, _CHOICE.generation = isa, _CHOICE.generation + 1
 
 
+def sources_digest() -> str:
+    """A digest of every file in kernels/csrc: the build directories are named by it, so checkouts
+    with different sources (an upgrade, two worktrees) never rebuild each other's library in place."""
+    h = hashlib.sha256()
+    for f in sorted(_CSRC.iterdir()):
+        if f.is_file():
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def build_dir(portable_only: bool = False) -> Path:
-    return ENV.cache_dir / "cpu_kernels" / ("portable" if portable_only else "all")
+    return ENV.cache_dir / "cpu_kernels" / f"{'portable' if portable_only else 'all'}-{sources_digest()}"
 
 
 def load_library(portable_only: bool = False) -> CpuKernels:

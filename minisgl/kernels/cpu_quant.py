@@ -130,7 +130,10 @@ _ISA_ID: int | None = None  # the resolved default path's C++ id, cached by quan
 
 
 def build_dir(portable_only: bool = False) -> Path:
-    return ENV.cache_dir / "cpu_quant" / ("portable" if portable_only else "all")
+    """Named by the sources' digest (cpp_ext.sources_digest): a change of source builds afresh."""
+    from minisgl.kernels.cpp_ext import sources_digest
+
+    return ENV.cache_dir / "cpu_quant" / f"{'portable' if portable_only else 'all'}-{sources_digest()}"
 
 
 def load_library(portable_only: bool = False) -> QuantLib:

@@ -32,9 +32,10 @@ def num_sms(device: torch.device) -> int:
 def resolve_impl(impl: KernelImpl, device: torch.device) -> Literal["triton", "cpu", "torch"]:
     """`auto`: Triton on CUDA when triton is installed (unless --no-fused-kernels); on CPU the C++
     kernels when the model is built in bf16 (the default dtype while the engine builds it) and
-    they are available (unless --no-cpu-kernels), else the reference. The switches are the
-    platform's resolved kernel choices (`platform.kernels`, set by the engine). fp32 on CPU is the
-    exact-parity mode: always the reference. The Triton interpreter is for tests only, far too
+    they are available (unless --no-cpu-kernels), in fp32 when the engine sent fp32 to them
+    (`cpu_ops.set_fp32`: GGUF weights kept quantized), else the reference. The switches are the
+    platform's resolved kernel choices (`platform.kernels`, set by the engine). fp32 on CPU
+    otherwise is the exact-parity mode: the reference. The Triton interpreter is for tests only, far too
     slow to serve; tests ask for `triton` explicitly to run the interpreted kernels."""
     if impl == "torch":
         return "torch"
@@ -46,8 +47,11 @@ def resolve_impl(impl: KernelImpl, device: torch.device) -> Literal["triton", "c
         return "triton"
     if device.type == "cuda":
         return "triton" if current().kernels.fused_kernels else "torch"
-    if device.type == "cpu" and torch.get_default_dtype() == torch.bfloat16:
+    dtype = torch.get_default_dtype()
+    if device.type == "cpu" and dtype in (torch.bfloat16, torch.float32):
         from minisgl.kernels import cpu_ops
 
-        return "cpu" if cpu_ops.enabled() else "torch"
+        if dtype == torch.bfloat16:
+            return "cpu" if cpu_ops.enabled() else "torch"
+        return "cpu" if cpu_ops.takes(torch.float32) else "torch"  # set by the engine (cpu_kernels_fp32)
     return "torch"

@@ -156,6 +156,40 @@ def test_bit_identical_across_thread_counts(lib: cpu_quant.QuantLib, mode: str) 
     assert all(torch.equal(bits(outs[0]), bits(o)) for o in outs[1:])
 
 
+@pytest.mark.parametrize("mode", ["gemv", "gemm"])
+def test_concurrent_callers_share_the_pool(lib: cpu_quant.QuantLib, mode: str) -> None:
+    """Calls from several Python threads at once (the GIL is released in a call), each asking for
+    more threads than the CPU has: the pool runs one job at a time and the others on their
+    callers' threads, and every result is the single-thread one, bit for bit."""
+    import threading
+
+    names = ["Q4_1", "Q8_0", "Q4_K", "Q6_K"]
+    weights = [random_blocks(QUANT_TYPES[t], 67 + 16 * i, 256, seed=10 + i) for i, t in enumerate(names)]
+    x = torch.randn(3 if mode == "gemv" else 19, 256)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        expected = [lib.matmul(x, w, n, lib.best_isa(), mode) for w, n in zip(weights, names)]
+        torch.set_num_threads(8)
+        got: dict[tuple[int, int], torch.Tensor] = {}
+
+        def caller(t: int) -> None:
+            for rep in range(25):
+                i = (t + rep) % len(weights)
+                got[(t, rep)] = lib.matmul(x, weights[i], names[i], lib.best_isa(), mode)
+
+        threads = [threading.Thread(target=caller, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        torch.set_num_threads(before)
+    assert len(got) == 100
+    for (t, rep), y in got.items():
+        assert torch.equal(bits(y), bits(expected[(t + rep) % len(weights)])), (t, rep)
+
+
 def test_dispatch_and_public_api(lib: cpu_quant.QuantLib) -> None:
     flags = set(re.findall(r"\w+", Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0])) \
         if Path("/proc/cpuinfo").exists() else set()  # fmt: skip

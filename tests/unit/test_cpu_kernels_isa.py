@@ -249,3 +249,30 @@ def test_fp32_wrappers_opt_in() -> None:
     finally:
         cpu_ops.set_fp32(False)
     assert torch.equal(cpu_ops.silu_and_mul(g), silu_and_mul_ref(g))
+
+
+def test_fp32_layers_pick_the_kernels_after_set_fp32() -> None:
+    """Layers choose their implementation once, at build: an fp32 model built while fp32 goes to
+    the C++ kernels (the GGUF engine's cpu_kernels_fp32) binds the norm, rotary and SiLU to them;
+    one built without (the exact mode) binds the references."""
+    from minisgl.layers.activation import make_act_and_mul
+    from minisgl.layers.norm import RMSNorm
+    from minisgl.layers.rotary import RotaryEmbedding
+
+    if not cpu_ops.enabled():
+        pytest.skip("the C++ kernels could not be built here")
+    assert torch.get_default_dtype() == torch.float32
+
+    def build() -> tuple[RMSNorm, RotaryEmbedding, torch.nn.Module]:
+        return RMSNorm(64, 1e-6), RotaryEmbedding(64, 128, 10000.0, None), make_act_and_mul("silu")
+
+    try:
+        cpu_ops.set_fp32(True)
+        norm, rotary, act = build()
+        assert norm.impl == rotary.impl == "cpu" and norm._add_norm is cpu_ops.fused_add_rms_norm
+        assert rotary._rotary is cpu_ops.rotary and act._fn is cpu_ops.silu_and_mul  # type: ignore[attr-defined]
+    finally:
+        cpu_ops.set_fp32(False)
+    norm, rotary, act = build()
+    assert norm.impl == rotary.impl == "torch" and norm._add_norm is fused_add_rms_norm_ref
+    assert rotary._rotary is rotary_ref

@@ -1,15 +1,15 @@
 // C entry points of the float CPU kernels (loaded with ctypes by minisgl/kernels/cpp_ext.py):
 // the runtime ISA choice (cpuid through __builtin_cpu_supports), the bounds checks on positions
-// and token-table reads, and the OpenMP split into tasks. Built with the compiler's default
-// flags; the ISA code lives in cpu_{avx512bf16,avx512,avx2,portable}.cpp.
-#include <omp.h>
-
+// and token-table reads, and the split into tasks over the thread pool (pool.h). Built with the
+// compiler's default flags; the ISA code lives in cpu_{avx512bf16,avx512,avx2,portable}.cpp.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <vector>
 
 #include "cpu_kernels.h"
+#include "pool.h"
 
 MINISGL_CPU_DECLARE(portable)
 #if !defined(CPU_PORTABLE_ONLY) && defined(__x86_64__)
@@ -55,23 +55,31 @@ static const int CPU_MASK = cpu_mask();
 
 static bool usable(int isa) { return isa >= 0 && isa < 8 && (compiled_mask() & CPU_MASK & (1 << isa)) != 0; }
 
-// fn(begin, end) over [0, n) split into one contiguous range per thread, at least `grain` tasks
-// each (as at::parallel_for splits).
+// fn(begin, end) over [0, n) in contiguous chunks of at least `grain` tasks, ~4 per thread,
+// claimed by up to nthreads threads (pool.h: no thread is waited for that has not started).
 template <typename Fn>
 static void parallel(int64_t n, int64_t grain, int nthreads, const Fn& fn) {
   if (n <= 0) return;
-  const int64_t chunks = (n + grain - 1) / grain;
-  const int nt = static_cast<int>(std::min<int64_t>(std::max(nthreads, 1), chunks));
-  if (nt <= 1) {
+  const int nt = std::max(nthreads, 1);
+  const int64_t chunk = std::max<int64_t>(std::max<int64_t>(grain, 1), (n + 4 * nt - 1) / (4 * nt));
+  if (nt <= 1 || chunk >= n) {
     fn(int64_t{0}, n);
     return;
   }
-#pragma omp parallel num_threads(nt)
-  {
-    const int64_t t = omp_get_thread_num(), k = omp_get_num_threads();
-    const int64_t b = n * t / k, e = n * (t + 1) / k;
-    if (b < e) fn(b, e);
+  minisgl_pool::parallel_chunks(n, chunk, nt, fn);
+}
+
+// This thread's attention scratch (64-byte aligned: the accumulators' full-vector loads and
+// stores must not split cache lines), grown to `floats` when smaller.
+static float* thread_scratch(int64_t floats) {
+  thread_local float* buf = nullptr;
+  thread_local int64_t cap = 0;
+  if (cap < floats) {
+    free(buf);
+    buf = static_cast<float*>(aligned_alloc(64, (sizeof(float) * floats + 63) / 64 * 64));
+    cap = buf == nullptr ? 0 : floats;
   }
+  return buf;
 }
 
 #ifdef MINISGL_CPU_HAVE_X86
@@ -182,25 +190,22 @@ int minisgl_cpu_decode_attention(int isa, int dt, const void* q, int64_t q_sb, i
 #endif
   const int64_t tasks = B * Hkv;
   const int64_t scratch = G * ((max_len + 15) / 16 * 16) + 2 * G * D + 2 * D + 64;
-  const int nt = static_cast<int>(std::min<int64_t>(std::max(nthreads, 1), std::max<int64_t>(tasks, 1)));
-  int status = OK;
-#pragma omp parallel num_threads(nt) reduction(| : status) if (nt > 1)
-  {
-    // 64-byte aligned: the accumulators' full-vector loads and stores must not split cache lines.
-    float* buf = static_cast<float*>(aligned_alloc(64, (sizeof(float) * scratch + 63) / 64 * 64));
-    if (buf == nullptr) status |= NO_MEMORY;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < tasks; ++task) {
-      if (buf == nullptr) continue;  // every thread still meets the loop (a worksharing construct)
+  std::atomic<int> status{OK};
+  minisgl_pool::parallel_chunks(tasks, 1, nthreads, [&](int64_t t0, int64_t t1) {
+    float* buf = thread_scratch(scratch);
+    if (buf == nullptr) {
+      status.fetch_or(NO_MEMORY);
+      return;
+    }
+    for (int64_t task = t0; task < t1; ++task) {
 #ifdef MINISGL_CPU_HAVE_X86
       if (bf16_dot) avx512bf16::attention_task_dot(a, task, buf);
       else
 #endif
         MINISGL_CPU_CALL(isa, attention_task, dt, a, task, buf);
     }
-    free(buf);
-  }
-  return status;
+  });
+  return status.load();
 }
 
 }  // extern "C"

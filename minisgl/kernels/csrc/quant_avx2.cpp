@@ -21,6 +21,7 @@ namespace avx2 {
 struct V {
   static constexpr int VL = 8;
   static constexpr int GEMM_NRB = 6;  // 2 x 6 accumulators + 2 x + 1 broadcast of 16 registers
+  static constexpr bool GEMV_FACTORED = true;  // quant_impl.h: gemv_tile_f
   using F = __m256;
   using I = __m128i;
   static inline F zero() { return _mm256_setzero_ps(); }

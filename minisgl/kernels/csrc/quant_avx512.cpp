@@ -26,6 +26,7 @@ namespace avx512 {
 struct V {
   static constexpr int VL = 16;
   static constexpr int GEMM_NRB = 12;  // 2 x 12 accumulators + 2 x + 1 broadcast of 32 registers
+  static constexpr bool GEMV_FACTORED = false;  // quant_impl.h: gemv_tile_f
   using F = __m512;
   using I = __m128i;
   static inline F zero() { return _mm512_setzero_ps(); }

@@ -1,13 +1,16 @@
 // C entry points of the quantized CPU kernels (loaded with ctypes by minisgl/kernels/cpu_quant.py):
-// runtime ISA choice (cpuid through __builtin_cpu_supports) and the OpenMP split over output rows.
+// runtime ISA choice (cpuid through __builtin_cpu_supports) and the split over output rows (pool.h).
 // Built with the compiler's default flags; the ISA code lives in quant_{avx512,avx2,portable}.cpp.
 #include <cstdint>
 #include <cstdlib>
-#include <omp.h>
+#include <atomic>
 
+#include "pool.h"
 #include "quant_types.h"
 
 namespace minisgl_quant {
+
+using minisgl_pool::parallel_chunks;
 
 #define MINISGL_QUANT_DECLARE(NS)                                                                   \
   namespace NS {                                                                                    \
@@ -53,12 +56,56 @@ static int block_size(int qtype) {
   return qtype == QT_Q4_K || qtype == QT_Q6_K ? 256 : 32;
 }
 
-// The row range of thread t of nt over N rows, in whole units of `align` rows.
-static inline void split_rows(int64_t N, int64_t align, int t, int nt, int64_t* n0, int64_t* n1) {
-  const int64_t units = (N + align - 1) / align;
-  const int64_t u0 = units * t / nt, u1 = units * (t + 1) / nt;
-  *n0 = u0 * align < N ? u0 * align : N;
-  *n1 = u1 * align < N ? u1 * align : N;
+static int gemv_isa(int isa, int qtype, const uint8_t* w, int64_t rb, const float* x, int64_t M, int64_t K,
+                    float* y, int64_t N, int64_t n0, int64_t n1) {
+#ifdef MINISGL_QUANT_HAVE_X86
+  if (isa == ISA_AVX512) return avx512::gemv(qtype, w, rb, x, M, K, y, N, n0, n1);
+  if (isa == ISA_AVX2) return avx2::gemv(qtype, w, rb, x, M, K, y, N, n0, n1);
+#endif
+  (void)isa;
+  return portable::gemv(qtype, w, rb, x, M, K, y, N, n0, n1);
+}
+
+static void pack_x_isa(int isa, const float* x, int64_t M, int64_t K, float* xp, int t, int nt) {
+#ifdef MINISGL_QUANT_HAVE_X86
+  if (isa == ISA_AVX512) return avx512::pack_x(x, M, K, xp, t, nt);
+  if (isa == ISA_AVX2) return avx2::pack_x(x, M, K, xp, t, nt);
+#endif
+  (void)isa;
+  portable::pack_x(x, M, K, xp, t, nt);
+}
+
+static int gemm_isa(int isa, int qtype, const uint8_t* w, int64_t rb, const float* xp, int64_t M, int64_t K,
+                    float* y, int64_t N, int64_t n0, int64_t n1, float* scratch) {
+#ifdef MINISGL_QUANT_HAVE_X86
+  if (isa == ISA_AVX512) return avx512::gemm(qtype, w, rb, xp, M, K, y, N, n0, n1, scratch);
+  if (isa == ISA_AVX2) return avx2::gemm(qtype, w, rb, xp, M, K, y, N, n0, n1, scratch);
+#endif
+  (void)isa;
+  return portable::gemm(qtype, w, rb, xp, M, K, y, N, n0, n1, scratch);
+}
+
+static int dequantize_isa(int isa, int qtype, const uint8_t* w, int64_t rb, int64_t K, int64_t n0, int64_t n1,
+                          float* out) {
+#ifdef MINISGL_QUANT_HAVE_X86
+  if (isa == ISA_AVX512) return avx512::dequantize(qtype, w, rb, K, n0, n1, out);
+  if (isa == ISA_AVX2) return avx2::dequantize(qtype, w, rb, K, n0, n1, out);
+#endif
+  (void)isa;
+  return portable::dequantize(qtype, w, rb, K, n0, n1, out);
+}
+
+// This thread's GEMM panel buffer (64-byte aligned), grown to `floats` when smaller; kept for
+// the thread's life (the pool's workers and the caller reuse it call after call).
+static float* thread_scratch(int64_t floats) {
+  thread_local float* buf = nullptr;
+  thread_local int64_t cap = 0;
+  if (cap < floats) {
+    free(buf);
+    buf = (float*)aligned_alloc(64, (size_t)(floats * sizeof(float) + 63) / 64 * 64);
+    cap = buf == nullptr ? 0 : floats;
+  }
+  return buf;
 }
 
 }  // namespace minisgl_quant
@@ -74,64 +121,41 @@ int minisgl_quant_isas_cpu() { return cpu_mask(); }
 // mode 0: GEMV (dequantize in registers, for few rows), 1: GEMM (dequantize panels to fp32).
 // Returns 0, or 1 for an unknown type, 2 for an ISA not compiled in or not supported by the CPU,
 // 3 for K not a multiple of the block size, 4 for an allocation failure.
+// The output rows are split into chunks claimed by up to `nthreads` threads (pool.h): several
+// chunks per thread, so a thread that starts late (a loaded core) leaves its share to the others.
 int minisgl_quant_matmul(int qtype, const uint8_t* w, int64_t rb, int64_t N, const float* x, int64_t M,
                          int64_t K, float* y, int isa, int mode, int nthreads) {
   if (!(compiled_mask() & cpu_mask() & (1 << isa))) return 2;
   if (block_size(qtype) == 0 || K % block_size(qtype) != 0) return 3;
   if (M <= 0 || N <= 0) return 0;
-  const int64_t align = mode == 0 ? 16 : GEMM_NB;
-  int64_t units = (N + align - 1) / align;
-  int nt = nthreads < 1 ? 1 : nthreads;
-  if (nt > units) nt = (int)units;
-  // GEMM: x is packed once (each thread its share of k), shared by all threads after a barrier.
-  float* xp = nullptr;
-  if (mode != 0) {
-    const int64_t mp = (M + GEMM_XB_MAX - 1) / GEMM_XB_MAX * GEMM_XB_MAX;
-    xp = (float*)aligned_alloc(64, (size_t)(mp * K * sizeof(float) + 63) / 64 * 64);
-    if (xp == nullptr) return 4;
+  const int nt = nthreads < 1 ? 1 : nthreads;
+  std::atomic<int> status{0};
+  if (mode == 0) {
+    // Chunks of whole 16-row blocks: at least 8 per thread, and at most ~64 KB of weights each
+    // (~10 us), so that a thread preempted inside its chunk holds the call up for little.
+    const int64_t units = (N + 15) / 16, by_bytes = (N * rb + 65535) / 65536;
+    const int64_t chunks = by_bytes > 8 * nt ? by_bytes : 8 * nt, per = (units + chunks - 1) / chunks;
+    parallel_chunks(N, 16 * (per < 1 ? 1 : per), nt, [&](int64_t n0, int64_t n1) {
+      status.fetch_or(gemv_isa(isa, qtype, w, rb, x, M, K, y, N, n0, n1), std::memory_order_relaxed);
+    });
+    return status.load();
   }
-  int status = 0;
-#pragma omp parallel num_threads(nt) reduction(| : status)
-  {
-    const int t = omp_get_thread_num(), tn = omp_get_num_threads();
-    if (mode != 0) {
-#ifdef MINISGL_QUANT_HAVE_X86
-      if (isa == ISA_AVX512) avx512::pack_x(x, M, K, xp, t, tn);
-      else if (isa == ISA_AVX2) avx2::pack_x(x, M, K, xp, t, tn);
-      else
-#endif
-        portable::pack_x(x, M, K, xp, t, tn);
-#pragma omp barrier
-    }
-    int64_t n0, n1;
-    split_rows(N, align, t, tn, &n0, &n1);
-    if (n0 < n1) {
-      if (mode == 0) {
-#ifdef MINISGL_QUANT_HAVE_X86
-        if (isa == ISA_AVX512) status |= avx512::gemv(qtype, w, rb, x, M, K, y, N, n0, n1);
-        else if (isa == ISA_AVX2) status |= avx2::gemv(qtype, w, rb, x, M, K, y, N, n0, n1);
-        else
-#endif
-          status |= portable::gemv(qtype, w, rb, x, M, K, y, N, n0, n1);
-      } else {
-        const int64_t kp = (K + GEMM_KC - 1) / GEMM_KC * GEMM_KC;
-        float* scratch = (float*)aligned_alloc(64, (size_t)(GEMM_NB * kp * sizeof(float) + 63) / 64 * 64);
-        if (scratch == nullptr) {
-          status |= 4;
-        } else {
-#ifdef MINISGL_QUANT_HAVE_X86
-          if (isa == ISA_AVX512) status |= avx512::gemm(qtype, w, rb, xp, M, K, y, N, n0, n1, scratch);
-          else if (isa == ISA_AVX2) status |= avx2::gemm(qtype, w, rb, xp, M, K, y, N, n0, n1, scratch);
-          else
-#endif
-            status |= portable::gemm(qtype, w, rb, xp, M, K, y, N, n0, n1, scratch);
-          free(scratch);
-        }
-      }
-    }
-  }
+  // GEMM: x packed once (a share of k per chunk), then whole panels of GEMM_NB rows per chunk
+  // (~4 per thread: a chunk prefetches its next panel while it multiplies one).
+  const int64_t mp = (M + GEMM_XB_MAX - 1) / GEMM_XB_MAX * GEMM_XB_MAX;
+  float* xp = (float*)aligned_alloc(64, (size_t)(mp * K * sizeof(float) + 63) / 64 * 64);
+  if (xp == nullptr) return 4;
+  const int packs = (int)(K / 64 < 4 * nt ? (K / 64 < 1 ? 1 : K / 64) : 4 * nt);
+  parallel_chunks(packs, 1, nt, [&](int64_t t, int64_t) { pack_x_isa(isa, x, M, K, xp, (int)t, packs); });
+  const int64_t panels = (N + GEMM_NB - 1) / GEMM_NB, per = (panels + 4 * nt - 1) / (4 * nt);
+  const int64_t kp = (K + GEMM_KC - 1) / GEMM_KC * GEMM_KC;
+  parallel_chunks(N, GEMM_NB * (per < 1 ? 1 : per), nt, [&](int64_t n0, int64_t n1) {
+    float* scratch = thread_scratch(GEMM_NB * kp);
+    const int rc = scratch == nullptr ? 4 : gemm_isa(isa, qtype, w, rb, xp, M, K, y, N, n0, n1, scratch);
+    status.fetch_or(rc, std::memory_order_relaxed);
+  });
   free(xp);
-  return status;
+  return status.load();
 }
 
 // out[N, K] = the fp32 weights (the kernels' own dequantizer, for tests and for float fallbacks).
@@ -139,23 +163,15 @@ int minisgl_quant_dequantize(int qtype, const uint8_t* w, int64_t rb, int64_t N,
                              int isa, int nthreads) {
   if (!(compiled_mask() & cpu_mask() & (1 << isa))) return 2;
   if (K % block_size(qtype) != 0) return 3;
-  int status = 0;
-  int nt = nthreads < 1 ? 1 : nthreads;
-  if (nt > N) nt = N < 1 ? 1 : (int)N;
-#pragma omp parallel num_threads(nt) reduction(| : status)
-  {
-    int64_t n0, n1;
-    split_rows(N, 1, omp_get_thread_num(), omp_get_num_threads(), &n0, &n1);
-    if (n0 < n1) {
-#ifdef MINISGL_QUANT_HAVE_X86
-      if (isa == ISA_AVX512) status |= avx512::dequantize(qtype, w, rb, K, n0, n1, out);
-      else if (isa == ISA_AVX2) status |= avx2::dequantize(qtype, w, rb, K, n0, n1, out);
-      else
-#endif
-        status |= portable::dequantize(qtype, w, rb, K, n0, n1, out);
-    }
-  }
-  return status;
+  const int nt = nthreads < 1 ? 1 : nthreads;
+  std::atomic<int> status{0};
+  // Chunks of at least 16 KB of output: an embedding lookup of a few tokens stays on the
+  // caller's thread.
+  const int64_t grain = K >= 4096 ? 1 : 4096 / K;
+  parallel_chunks(N, grain, nt, [&](int64_t n0, int64_t n1) {
+    status.fetch_or(dequantize_isa(isa, qtype, w, rb, K, n0, n1, out), std::memory_order_relaxed);
+  });
+  return status.load();
 }
 
 }  // extern "C"

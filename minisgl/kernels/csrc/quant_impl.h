@@ -47,6 +47,14 @@ struct Q8_0 {
     V::cvt_i8(V::load16(b + 18), out + NV / 2);
     for (int v = 0; v < NV; ++v) out[v] = V::mul(out[v], d);  // q * d
   }
+  // Factored form (gemv_tile_f): w = a * q + b per 32-element chunk, q the block's integers.
+  static constexpr bool FACTORED = true, OFFSET = false;
+  static inline void ints(const uint8_t* b, int, F* out) {
+    V::cvt_i8(V::load16(b + 2), out);
+    V::cvt_i8(V::load16(b + 18), out + NV / 2);
+  }
+  static inline float a(const float* s, int) { return s[0]; }
+  static inline float b(const float*, int) { return 0.f; }
 };
 
 struct Q4_0 {
@@ -56,6 +64,14 @@ struct Q4_0 {
     // elements 0..15: low nibbles, 16..31: high nibbles; d * (q - 8)
     V::template nibbles<NIB_Q4_0>(V::load16(b + 2), s[0], 0.f, out, out + NV / 2);
   }
+  static constexpr bool FACTORED = true, OFFSET = false;
+  static inline void ints(const uint8_t* b, int, F* out) {  // q - 8, in bytes
+    const I q = V::load16(b + 2);
+    V::cvt_i8(V::sub_i8(V::shr_mask(q, 0, 0x0F), 8), out);
+    V::cvt_i8(V::sub_i8(V::shr_mask(q, 4, 0x0F), 8), out + NV / 2);
+  }
+  static inline float a(const float* s, int) { return s[0]; }
+  static inline float b(const float*, int) { return 0.f; }
 };
 
 struct Q4_1 {
@@ -64,6 +80,14 @@ struct Q4_1 {
   static inline void chunk(const uint8_t* b, const float* s, int, F* out) {
     V::template nibbles<NIB_MUL_ADD>(V::load16(b + 4), s[0], s[1], out, out + NV / 2);  // (d * q) + m
   }
+  static constexpr bool FACTORED = true, OFFSET = true;
+  static inline void ints(const uint8_t* b, int, F* out) {
+    const I q = V::load16(b + 4);
+    V::cvt_u8(V::shr_mask(q, 0, 0x0F), out);
+    V::cvt_u8(V::shr_mask(q, 4, 0x0F), out + NV / 2);
+  }
+  static inline float a(const float* s, int) { return s[0]; }
+  static inline float b(const float* s, int) { return s[1]; }
 };
 
 // Q4_K super-block (256): d, dmin (fp16), 12 bytes of 6-bit scales/mins for 8 sub-blocks of 32,
@@ -87,6 +111,15 @@ struct Q4_K {
     V::template nibbles_sel<NIB_MUL_SUB>(V::load16(q), ci & 1, s[ci], s[8 + ci], out);
     V::template nibbles_sel<NIB_MUL_SUB>(V::load16(q + 16), ci & 1, s[ci], s[8 + ci], out + NV / 2);
   }
+  static constexpr bool FACTORED = true, OFFSET = true;
+  static inline void ints(const uint8_t* b, int ci, F* out) {
+    const uint8_t* q = b + 16 + 32 * (ci >> 1);
+    const int sh = 4 * (ci & 1);
+    V::cvt_u8(V::shr_mask(V::load16(q), sh, 0x0F), out);
+    V::cvt_u8(V::shr_mask(V::load16(q + 16), sh, 0x0F), out + NV / 2);
+  }
+  static inline float a(const float* s, int ci) { return s[ci]; }
+  static inline float b(const float* s, int ci) { return -s[8 + ci]; }
 };
 
 // Q6_K super-block (256): ql[128] low nibbles, qh[64] 2-bit highs, 16 int8 scales (one per 16
@@ -112,6 +145,10 @@ struct Q6_K {
       for (int v = 0; v < NV / 2; ++v) o[v] = V::mul(d, o[v]);
     }
   }
+  static constexpr bool FACTORED = false, OFFSET = false;  // two scales per chunk: gemv_tile
+  static inline void ints(const uint8_t*, int, F*) {}
+  static inline float a(const float*, int) { return 0.f; }
+  static inline float b(const float*, int) { return 0.f; }
 };
 
 // ---- GEMV: NR weight rows x MR activation rows per tile, weights dequantized in registers ------
@@ -152,28 +189,95 @@ static inline void gemv_tile(const uint8_t* w, int64_t rb, const float* x, int64
     for (int i = 0; i < MR; ++i) y[(m0 + i) * N + n + r] = V::hsum(V::add(acc[r][i][0], acc[r][i][1]));
 }
 
+// The factored GEMV (V::GEMV_FACTORED, types with Q::FACTORED): each 32-element chunk's weights
+// are w = a * q + b with q the block's small integers (exact as floats), so the chunk's dot
+// product is a * sum(q * x) + b * sum(x): per vector of weights one convert and one FMA, instead
+// of a convert, the dequantizing multiply and add, and an FMA. sum(x) per chunk (sx: [M][K / 32])
+// is computed once per call. The products are rounded at other points than the reference's
+// dequantized weights: the result is the reference's within fp32 rounding, not bit for bit.
+template <class Q, int NR, int MR>
+static inline void gemv_tile_f(const uint8_t* w, int64_t rb, const float* x, int64_t K, float* y,
+                               int64_t N, int64_t n, int64_t m0, const float* sx) {
+  constexpr int GB = Q::QK >= 256 ? 2 : 16;
+  F acc[NR][MR];
+  float off[NR][MR];
+  float sbuf[NR][GB * Q::SC];
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MR; ++i) acc[r][i] = V::zero(), off[r][i] = 0.f;
+  const int64_t nb = K / Q::QK, kc = K / 32;
+  for (int64_t b0 = 0; b0 < nb; b0 += GB) {
+    const int gn = nb - b0 < GB ? (int)(nb - b0) : GB;
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* rowp = w + (n + r) * rb + b0 * Q::BYTES;
+      for (int off_b = 0; off_b < gn * Q::BYTES; off_b += 64) __builtin_prefetch(rowp + NR * rb + off_b);
+      for (int j = 0; j < gn; ++j) Q::scales(rowp + j * Q::BYTES, sbuf[r] + j * Q::SC);
+    }
+    for (int j = 0; j < gn; ++j) {
+      for (int c = 0; c < Q::NC; ++c) {
+        const int64_t k = (b0 + j) * Q::QK + 32 * c;
+        for (int r = 0; r < NR; ++r) {
+          F qv[NV];
+          const float* sc = sbuf[r] + j * Q::SC;
+          Q::ints(w + (n + r) * rb + (b0 + j) * Q::BYTES, c, qv);
+          const F a = V::set1(Q::a(sc, c));
+          for (int i = 0; i < MR; ++i) {
+            const float* xp = x + (m0 + i) * K + k;
+            F p = V::mul(qv[0], V::load(xp));
+            for (int v = 1; v < NV; ++v) p = V::fma(qv[v], V::load(xp + v * V::VL), p);
+            acc[r][i] = V::fma(a, p, acc[r][i]);
+            if (Q::OFFSET) off[r][i] += Q::b(sc, c) * sx[(m0 + i) * kc + k / 32];
+          }
+        }
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MR; ++i) y[(m0 + i) * N + n + r] = V::hsum(acc[r][i]) + off[r][i];
+}
+
 template <class Q, int MR>
 static void gemv_rows(const uint8_t* w, int64_t rb, const float* x, int64_t K, float* y, int64_t N,
-                      int64_t n0, int64_t n1, int64_t m0) {
+                      int64_t n0, int64_t n1, int64_t m0, const float* sx) {
   constexpr int NR = MR == 1 ? 4 : (MR == 2 ? 2 : 1);
   int64_t n = n0;
+  if (sx != nullptr) {
+    for (; n + NR <= n1; n += NR) gemv_tile_f<Q, NR, MR>(w, rb, x, K, y, N, n, m0, sx);
+    for (; n < n1; ++n) gemv_tile_f<Q, 1, MR>(w, rb, x, K, y, N, n, m0, sx);
+    return;
+  }
   for (; n + NR <= n1; n += NR) gemv_tile<Q, NR, MR>(w, rb, x, K, y, N, n, m0);
   for (; n < n1; ++n) gemv_tile<Q, 1, MR>(w, rb, x, K, y, N, n, m0);
 }
 
+// Chunk sums of x for the factored GEMV: sx[m * (K / 32) + c] = sum of x[m][32c .. 32c + 31].
+constexpr int64_t GEMV_SX_MAX = 16384;  // floats on the stack; beyond, the unfactored tiles
+
 template <class Q>
 static void gemv_q(const uint8_t* w, int64_t rb, const float* x, int64_t M, int64_t K, float* y,
                    int64_t N, int64_t n0, int64_t n1) {
+  constexpr bool factored = Q::FACTORED && V::GEMV_FACTORED;
+  float sxbuf[factored && Q::OFFSET ? GEMV_SX_MAX : 1];
+  const float* sx = nullptr;  // non-null: the factored tiles (read only for Q::OFFSET types)
+  if (factored && (!Q::OFFSET || M * (K / 32) <= GEMV_SX_MAX)) {
+    if (Q::OFFSET)
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t c = 0; c < K / 32; ++c) {
+          F s = V::load(x + m * K + 32 * c);
+          for (int v = 1; v < NV; ++v) s = V::add(s, V::load(x + m * K + 32 * c + v * V::VL));
+          sxbuf[m * (K / 32) + c] = V::hsum(s);
+        }
+    sx = sxbuf;
+  }
   // Row blocks of 16 outer, activation rows inner: a block's bytes are read from memory once and
   // re-read from L1 for each group of 4 activation rows.
   for (int64_t nb = n0; nb < n1; nb += 16) {
     const int64_t ne = nb + 16 < n1 ? nb + 16 : n1;
     int64_t m = 0;
-    for (; m + 4 <= M; m += 4) gemv_rows<Q, 4>(w, rb, x, K, y, N, nb, ne, m);
+    for (; m + 4 <= M; m += 4) gemv_rows<Q, 4>(w, rb, x, K, y, N, nb, ne, m, sx);
     switch (M - m) {
-      case 3: gemv_rows<Q, 3>(w, rb, x, K, y, N, nb, ne, m); break;
-      case 2: gemv_rows<Q, 2>(w, rb, x, K, y, N, nb, ne, m); break;
-      case 1: gemv_rows<Q, 1>(w, rb, x, K, y, N, nb, ne, m); break;
+      case 3: gemv_rows<Q, 3>(w, rb, x, K, y, N, nb, ne, m, sx); break;
+      case 2: gemv_rows<Q, 2>(w, rb, x, K, y, N, nb, ne, m, sx); break;
+      case 1: gemv_rows<Q, 1>(w, rb, x, K, y, N, nb, ne, m, sx); break;
       default: break;
     }
   }

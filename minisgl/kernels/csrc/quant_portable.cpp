@@ -13,6 +13,7 @@ namespace portable_isa {
 struct V {
   static constexpr int VL = 8;
   static constexpr int GEMM_NRB = 6;
+  static constexpr bool GEMV_FACTORED = false;  // quant_impl.h: gemv_tile_f
   struct F { float v[8]; };
   struct I { uint8_t b[16]; };
   static inline F zero() { F r; for (int l = 0; l < 8; ++l) r.v[l] = 0.f; return r; }
