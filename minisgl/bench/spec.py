@@ -210,10 +210,10 @@ def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
     pass, the host time per phase of a profiled pass (`host_phases`), and per engine the device
     time of each graph's replay.
 
-    Each engine runs in a process of its own, as a server's does: a second engine built in one
-    process replays the same bs=1 graph ~9 % slower on the device (H200: 0.984 vs 0.903 ms,
-    whichever capture set it has; docs/speculative.md), which would charge the verify engine a
-    cost no server pays."""
+    Each engine runs in a process of its own, as a server's does. Both run one request at a time
+    (max_running_requests 1), so the plain engine holds only the bs=1 graph, which replays ~9 %
+    faster than the same graph in a runner that also holds larger ones (H200: 0.903 vs 0.984 ms;
+    docs/speculative.md), as the verify engine's does."""
     k = args.num_speculative_tokens
     out: dict[str, Any] = {"k": k}
     spawn = multiprocessing.get_context("spawn")
