@@ -39,6 +39,16 @@ _MIN_TOKENS_PER_SPLIT = 128
 # the 3 that split launches run, 77 requests took 110.1 us on 2 splits against 104.7 on 1.
 _DECODE_PROGRAMS_PER_SM = 8
 
+# How a float8 cache's tiles are widened for the two dots (`decode_attention(fp8_route=...)`):
+# "q": to q's dtype (bf16: e4m3 -> f16 -> bf16, two conversions per element); "f16": to f16, with q
+# cast to f16 (one cvt.rn.f16x2.e4m3x2 per pair; exact, as f16 holds every e4m3 value and every
+# bf16 q inside +-65504, which q is clamped to); "-staged": v widened before its shared-memory
+# stage (common._attend_block's V_STAGED). sm90 SASS of the stage-1 loop, 64 keys, 2 warps
+# (Triton 3.6, compiled on CPU for sm_90): bf16 pages 725 instructions; float8 "q" 1527 (256 F2F,
+# 167 LDS.U8: v's transposed operand read a byte at a time); "f16" 1116; "f16-staged" ~1000.
+FP8_ROUTES = ("q", "q-staged", "f16", "f16-staged")
+FP8_ROUTE = "q"
+
 
 @triton.jit
 def _decode_split_kernel(
@@ -83,6 +93,8 @@ def _decode_split_kernel(
     SOFTCAP: tl.constexpr,
     SINKS: tl.constexpr,
     PDL: tl.constexpr,
+    Q_F16: tl.constexpr,
+    V_STAGED: tl.constexpr,
 ):
     """Stage 1: partial attention of all q heads of one kv head over one split of the sequence.
     With a single split the partial result is the answer: it goes straight to `o` (no stage 2).
@@ -118,6 +130,8 @@ def _decode_split_kernel(
     heads = kv_head * GROUP + offs_h
     q_ptrs = q_ptr + req.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+    if Q_F16:  # a float8 cache's "f16" route: the dots run in f16 (FP8_ROUTE)
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
 
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
@@ -133,7 +147,7 @@ def _decode_split_kernel(
         kv_mask = kv_pos < end
         acc, m_i, l_i = _attend_block(
             acc, m_i, l_i, q, k_head_ptr, v_head_ptr, table_row_ptr, kv_pos, kv_mask,
-            kv_mask[None, :], offs_d, d_mask, stride_ks, stride_vs, qk_scale, cap_scale, PRECISION, SOFTCAP,
+            kv_mask[None, :], offs_d, d_mask, stride_ks, stride_vs, qk_scale, cap_scale, PRECISION, SOFTCAP, V_STAGED,
         )  # fmt: skip
 
     # Store the normalized partial output and its base-2 log-sum-exp (-inf for an empty split).
@@ -255,6 +269,7 @@ def decode_attention(
     sinks: torch.Tensor | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    fp8_route: str | None = None,
 ) -> torch.Tensor:
     """One query token per request, q [B, Hq, D], attending to all `seq_lens[b]` cached positions
     (with `window`, only the last `window` of them; `softcap`: `cap * tanh(s / cap)` scores;
@@ -264,7 +279,8 @@ def decode_attention(
     `mid_o`/`mid_lse` may be larger than needed (static graph buffers): only [:B, :, :num_splits]
     is touched. `order` [B] int32, a permutation of the requests, is the order their programs
     start in (longest first pays: see the kernel). `block_n`/`num_warps`/`num_stages` override the
-    tuned launch (sweeps).
+    tuned launch (sweeps). `fp8_route` (a float8 cache; default FP8_ROUTE) picks how its tiles are
+    widened (see FP8_ROUTES).
     """
     num_heads, num_kv_heads, head_dim = _check_layout(q, k_cache, v_cache)
     assert 1 <= num_splits
@@ -283,6 +299,8 @@ def decode_attention(
     block_d = _block_d(head_dim)
     block_n = block_n or (16 if _SMALL_BLOCKS else 32 if head_dim > 128 else 64)
     assert order is None or order.shape[0] >= batch_size
+    route = (fp8_route or FP8_ROUTE) if k_cache.dtype == torch.float8_e4m3fn else "q"
+    assert route in FP8_ROUTES, f"fp8_route {route!r}: one of {FP8_ROUTES}"
     _decode_split_kernel[(num_kv_heads, batch_size, num_splits)](
         q, k_cache, v_cache, mid_o, mid_lse, out,
         token_table, rows, seq_lens, order if order is not None else rows, sinks if sinks is not None else q,
@@ -301,6 +319,8 @@ def decode_attention(
         WINDOWED=window is not None,
         SOFTCAP=softcap is not None,
         SINKS=sinks is not None,
+        Q_F16=route.startswith("f16"),
+        V_STAGED=route.endswith("-staged"),
         # H200 sweep of uniform lengths: 2 warps best or tied from batch 1 to 256 (4 warps up to 10%
         # slower at D 64, 8 warps up to 60% slower); wider heads get 4 to keep tiles in registers.
         num_warps=num_warps or (2 if head_dim <= 128 else 4),
