@@ -47,7 +47,7 @@ _DECODE_PROGRAMS_PER_SM = 8
 # (Triton 3.6, compiled on CPU for sm_90): bf16 pages 725 instructions; float8 "q" 1527 (256 F2F,
 # 167 LDS.U8: v's transposed operand read a byte at a time); "f16" 1116; "f16-staged" ~1000.
 FP8_ROUTES = ("q", "q-staged", "f16", "f16-staged")
-FP8_ROUTE = "q"
+FP8_ROUTE = "f16-staged"
 
 
 @triton.jit
@@ -279,8 +279,8 @@ def decode_attention(
     `mid_o`/`mid_lse` may be larger than needed (static graph buffers): only [:B, :, :num_splits]
     is touched. `order` [B] int32, a permutation of the requests, is the order their programs
     start in (longest first pays: see the kernel). `block_n`/`num_warps`/`num_stages` override the
-    tuned launch (sweeps). `fp8_route` (a float8 cache; default FP8_ROUTE) picks how its tiles are
-    widened (see FP8_ROUTES).
+    tuned launch (sweeps). `fp8_route` (a float8 cache; default FP8_ROUTE for a 16-bit q, "q" for
+    fp32) picks how its tiles are widened (see FP8_ROUTES).
     """
     num_heads, num_kv_heads, head_dim = _check_layout(q, k_cache, v_cache)
     assert 1 <= num_splits
@@ -299,7 +299,9 @@ def decode_attention(
     block_d = _block_d(head_dim)
     block_n = block_n or (16 if _SMALL_BLOCKS else 32 if head_dim > 128 else 64)
     assert order is None or order.shape[0] >= batch_size
-    route = (fp8_route or FP8_ROUTE) if k_cache.dtype == torch.float8_e4m3fn else "q"
+    route = "q"
+    if k_cache.dtype == torch.float8_e4m3fn:  # f16 dots are exact for a 16-bit q only: fp32 keeps "q"
+        route = fp8_route or (FP8_ROUTE if q.dtype.itemsize == 2 else "q")
     assert route in FP8_ROUTES, f"fp8_route {route!r}: one of {FP8_ROUTES}"
     _decode_split_kernel[(num_kv_heads, batch_size, num_splits)](
         q, k_cache, v_cache, mid_o, mid_lse, out,
