@@ -30,10 +30,22 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from sweep_decode_attention import D, HKV, HQ, bench, longest_first, make_batch, workload_lens  # noqa: E402
+from sweep_decode_attention import (
+    HKV,
+    HQ,
+    D,
+    bench,
+    longest_first,
+    make_batch,
+    workload_lens,
+)
 
-from minisgl.kernels.attention import decode_attention, decode_graph_launch, decode_num_splits  # noqa: E402
-from minisgl.kernels.attention.decode import FP8_ROUTES  # noqa: E402
+from minisgl.kernels.attention import (
+    decode_attention,
+    decode_graph_launch,
+    decode_num_splits,
+)
+from minisgl.kernels.attention.decode import FP8_ROUTES
 
 FP8 = torch.float8_e4m3fn
 K_SCALE, V_SCALE = 0.02, 0.01
@@ -79,7 +91,7 @@ def run_case(label: str, lens: list[int], caches: dict, args: argparse.Namespace
             k, v = (k16, v16) if cache == "bf16" else (k8, v8)
             kw = {key: val for key, val in launch.items() if key != "bf16"}
             scales = {} if cache == "bf16" else {"k_scale": K_SCALE, "v_scale": V_SCALE, "fp8_route": route}
-            fn = lambda: decode_attention(q, k, v, table, rows, seq_lens, D**-0.5, out=out, order=order,  # noqa: E731
+            fn = lambda: decode_attention(q, k, v, table, rows, seq_lens, D**-0.5, out=out, order=order,
                                           **kw, **scales)  # fmt: skip
             try:
                 us = bench(fn) if not args.smoke else 1.0
@@ -115,7 +127,7 @@ def store(caches: dict, smoke: bool) -> None:
         loc = torch.randperm(caches["bf16"][0].shape[0], device=dev)[:tokens]
         for cache in ("bf16", "fp8"):
             k, v = caches[cache]
-            fn = lambda: store_kv(kv[:, 0], kv[:, 1], k, v, loc, K_SCALE, V_SCALE)  # noqa: E731
+            fn = lambda: store_kv(kv[:, 0], kv[:, 1], k, v, loc, K_SCALE, V_SCALE)
             us = bench(fn) if not smoke else (fn(), 1.0)[1]
             print(f"tokens {tokens:>4} {cache:>5} {us:>7.2f}")
 
