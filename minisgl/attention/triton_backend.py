@@ -275,7 +275,7 @@ class TritonAttnBackend(BaseAttnBackend):
 
     def _graph_launch(self, batch_size: int) -> DecodeLaunch:
         return decode_graph_launch(
-            batch_size, self.num_heads, self.num_kv_heads, self.head_dim, self.pool.compute_dtype, self.device,
+            batch_size, self.num_heads, self.num_kv_heads, self.head_dim, self.pool.dtype, self.device,
             tuned=self.decode_tuned,
         )
 

@@ -282,3 +282,27 @@ def test_decode_fp8_routes_equal_dequantized(route: str, splits: int) -> None:
         got16 = decode_attention(q.half(), k, v, table, rows, seq_lens, 32**-0.5, num_splits=splits,
                                  k_scale=0.02, v_scale=0.01, fp8_route=route)  # fmt: skip
         torch.testing.assert_close(got16.float(), want, rtol=4e-3, atol=4e-3)
+
+
+def test_graph_launch_of_a_float8_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A float8 cache takes its own measured launch (GRAPH_TUNED_FP8) where the table has one,
+    else the 16-bit one of the same GPU, shape and size; fp32 pages never take either."""
+    import minisgl.kernels.attention.decode as decode
+    import minisgl.kernels.attention.tuned as tuned
+    from minisgl.kernels.attention import DecodeLaunch, decode_num_splits
+
+    monkeypatch.setattr(decode, "num_sms", lambda device: 132)
+    monkeypatch.setattr(tuned, "device_name", lambda device: "NVIDIA H200")
+    cuda = torch.device("cuda", 0)  # only its type is read
+    key = ("NVIDIA H200", 8, 16, 128)
+    sixteen = tuned.GRAPH_TUNED[key]
+    size = next(iter(sixteen))
+    monkeypatch.setattr(tuned, "GRAPH_TUNED_FP8", {})
+    assert tuned.decode_graph_launch(size, 16, 8, 128, FP8, cuda) == sixteen[size]
+    own = DecodeLaunch(2, 128, 4, 3)
+    monkeypatch.setattr(tuned, "GRAPH_TUNED_FP8", {key: {size: own}})
+    assert tuned.decode_graph_launch(size, 16, 8, 128, FP8, cuda) == own
+    assert tuned.decode_graph_launch(size, 16, 8, 128, torch.bfloat16, cuda) == sixteen[size]
+    heuristic = DecodeLaunch(decode_num_splits(size, 8, 128, None, cuda))
+    assert tuned.decode_graph_launch(size, 16, 8, 128, torch.float32, cuda) == heuristic
+    assert tuned.decode_graph_launch(size, 16, 8, 128, FP8, cuda, tuned=False) == heuristic
