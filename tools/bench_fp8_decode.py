@@ -10,6 +10,11 @@ block_n x stages (`--routes`, `--block-n`, `--stages`, `--warps`, `--splits`), i
 each float8 output is checked against the bf16 one over the same (quantized) pages. `--store`:
 the KV store kernel at 1 and 256 tokens, bf16 and float8 pages. Whole run ~60-100 s.
 
+The device call (one H200, ~7 min; the tool, the fp8kv phase's three engine runs, bs=1 bf16):
+    TOOL="bench_fp8_decode.py --store" TOOL_LIMIT=200 BUDGET=540 bash scripts/gpu_run.sh tool,fp8kv; \
+    PYTHONPATH=$PWD:/tmp/site timeout 45 python3 -m minisgl.bench offline --quiet --model configs/qwen3-0.6b \
+      --dummy-weights --num-seqs 1 --min-input 128 --max-input 128 --min-output 1024 --max-output 1024
+
 Research tool, not product code (the routes are `decode_attention(fp8_route=...)`).
 """
 
