@@ -40,12 +40,13 @@ _MIN_TOKENS_PER_SPLIT = 128
 _DECODE_PROGRAMS_PER_SM = 8
 
 # How a float8 cache's tiles are widened for the two dots (`decode_attention(fp8_route=...)`):
-# "q": to q's dtype (bf16: e4m3 -> f16 -> bf16, two conversions per element); "f16": to f16, with q
-# cast to f16 (one cvt.rn.f16x2.e4m3x2 per pair; exact, as f16 holds every e4m3 value and every
-# bf16 q inside +-65504, which q is clamped to); "-staged": v widened before its shared-memory
-# stage (common._attend_block's V_STAGED). sm90 SASS of the stage-1 loop, 64 keys, 2 warps
-# (Triton 3.6, compiled on CPU for sm_90): bf16 pages 725 instructions; float8 "q" 1527 (256 F2F,
-# 167 LDS.U8: v's transposed operand read a byte at a time); "f16" 1116; "f16-staged" ~1000.
+# "q": to q's dtype (bf16: e4m3 -> f16 -> bf16, two conversions per element); "f16": to f16, with
+# q cast to f16 (one cvt.rn.f16x2.e4m3x2 per pair; f16 holds every e4m3 value, and every bf16 q
+# component in 2^-17..65504, q being clamped to +-65504; the probabilities round to f16, finer
+# than bf16's); "-staged": v widened before its shared-memory stage (common._attend_block's
+# V_STAGED). sm90 SASS of the stage-1 loop, 64 keys, 2 warps (Triton 3.6, compiled on CPU for
+# sm_90): bf16 pages 725 instructions; float8 "q" 1527 (256 F2F, 128 PRMT, 167 LDS: v's transposed
+# operand read a byte at a time); "f16" 1116; "f16-staged" 1056 (v through LDSM.T as f16).
 FP8_ROUTES = ("q", "q-staged", "f16", "f16-staged")
 FP8_ROUTE = "f16-staged"
 
