@@ -62,10 +62,11 @@ def ints(text: str) -> list[int]:
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--routes", default=",".join(FP8_ROUTES), help="float8 widening routes (decode.FP8_ROUTES)")
+    p.add_argument("--routes", default="q,f16,f16-staged", help=f"float8 widening routes, of {FP8_ROUTES}")
     p.add_argument("--block-n", default="64,128", help="keys per tile for the float8 launches")
     p.add_argument("--stages", default="2,3")
-    p.add_argument("--warps", default="2")
+    # 128 keys on 2 warps spill (255 registers, sm_90 ptxas): 4 warps hold them
+    p.add_argument("--warps", default="2,4")
     p.add_argument("--splits", default="", help="split counts (default: the engine's for the batch)")
     p.add_argument("--steps", default="50,390,800", help="workload steps whose decode batch is timed")
     p.add_argument("--no-bs1", action="store_true", help="skip the bs=1 case")
