@@ -11,7 +11,8 @@ each float8 output is checked against the bf16 one over the same (quantized) pag
 the KV store kernel at 1 and 256 tokens, bf16 and float8 pages. Whole run ~60-100 s.
 
 The device call (one H200, ~7 min; the tool, the fp8kv phase's three engine runs, bs=1 bf16):
-    TOOL="bench_fp8_decode.py --store" TOOL_LIMIT=200 BUDGET=540 bash scripts/gpu_run.sh tool,fp8kv; \
+    TOOL="bench_fp8_decode.py --routes f16,f16-staged --block-n 32,64 --warps 2 --stages 3,4 --more-splits
+    --steps 50,200,390,600,800,950" TOOL_LIMIT=200 BUDGET=540 bash scripts/gpu_run.sh tool,fp8kv; \
     PYTHONPATH=$PWD:/tmp/site timeout 45 python3 -m minisgl.bench offline --quiet --model configs/qwen3-0.6b \
       --dummy-weights --num-seqs 1 --min-input 128 --max-input 128 --min-output 1024 --max-output 1024
 
@@ -68,6 +69,7 @@ def parse() -> argparse.Namespace:
     # 128 keys on 2 warps spill (255 registers, sm_90 ptxas): 4 warps hold them
     p.add_argument("--warps", default="2,4")
     p.add_argument("--splits", default="", help="split counts (default: the engine's for the batch)")
+    p.add_argument("--more-splits", action="store_true", help="also twice the engine's split count")
     p.add_argument("--steps", default="50,390,800", help="workload steps whose decode batch is timed")
     p.add_argument("--no-bs1", action="store_true", help="skip the bs=1 case")
     p.add_argument("--store", action="store_true", help="also time the KV store kernel")
@@ -155,15 +157,20 @@ def main() -> None:
     print(torch.cuda.get_device_name() if not args.smoke else "cpu (smoke)", "torch", torch.__version__, flush=True)
     for step, lens in workload_lens(tuple(ints(args.steps))):
         splits = ints(args.splits) or [decode_num_splits(len(lens), HKV, D, None, dev)]
+        if args.more_splits:
+            splits = sorted({*splits, *(2 * s for s in splits)})
         graph = decode_graph_launch(len(lens), HQ, HKV, D, torch.bfloat16, dev)._asdict()
-        launches = [dict(graph, bf16=True)]  # the launch the engine captures for this size
+        graph8 = decode_graph_launch(len(lens), HQ, HKV, D, FP8, dev)._asdict()
+        # the launches the engine captures for this size: bf16 pages', then float8 pages'
+        launches = [dict(graph, bf16=True), dict(graph8, bf16=False)]
         for s, bn, w, st in itertools.product(splits, ints(args.block_n), ints(args.warps), ints(args.stages)):
             launches.append(dict(num_splits=s, block_n=bn, num_warps=w, num_stages=st, bf16=bn == 64 and st == 2))
         run_case(f"workload step {step}", lens, caches, args, launches)
     if not args.no_bs1:
         graph = decode_graph_launch(1, HQ, HKV, D, torch.bfloat16, dev)._asdict()
-        launches = [dict(graph, bf16=True)] + [
-            dict(graph, block_n=bn, num_stages=st) for bn, st in itertools.product((64, 128), (2, 3))
+        graph8 = decode_graph_launch(1, HQ, HKV, D, FP8, dev)._asdict()
+        launches = [dict(graph, bf16=True), dict(graph8, bf16=False)] + [
+            dict(graph, block_n=bn, num_stages=st) for bn, st in itertools.product((32, 64), (3, 4))
         ]
         run_case(f"bs=1, {args.bs1_len} tokens (the bs=1 graph launch)", [args.bs1_len], caches, args, launches)
     if args.store:

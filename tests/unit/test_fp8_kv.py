@@ -286,7 +286,8 @@ def test_decode_fp8_routes_equal_dequantized(route: str, splits: int) -> None:
 
 def test_graph_launch_of_a_float8_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """A float8 cache takes its own measured launch (GRAPH_TUNED_FP8) where the table has one,
-    else the 16-bit one of the same GPU, shape and size; fp32 pages never take either."""
+    else the split count of the 16-bit one of the same GPU, shape and size with the float8 default
+    tile (decode_attention's); fp32 pages never take either."""
     import minisgl.kernels.attention.decode as decode
     import minisgl.kernels.attention.tuned as tuned
     from minisgl.kernels.attention import DecodeLaunch, decode_num_splits
@@ -298,7 +299,7 @@ def test_graph_launch_of_a_float8_cache(monkeypatch: pytest.MonkeyPatch) -> None
     sixteen = tuned.GRAPH_TUNED[key]
     size = next(iter(sixteen))
     monkeypatch.setattr(tuned, "GRAPH_TUNED_FP8", {})
-    assert tuned.decode_graph_launch(size, 16, 8, 128, FP8, cuda) == sixteen[size]
+    assert tuned.decode_graph_launch(size, 16, 8, 128, FP8, cuda) == DecodeLaunch(sixteen[size].num_splits)
     own = DecodeLaunch(2, 128, 4, 3)
     monkeypatch.setattr(tuned, "GRAPH_TUNED_FP8", {key: {size: own}})
     assert tuned.decode_graph_launch(size, 16, 8, 128, FP8, cuda) == own

@@ -330,7 +330,10 @@ def decode_attention(
         # H200, the offline workload's own decode batches (`sweep_decode_attention.py --workload`):
         # at one split, 2 stages (64 KB of shared memory, 3 programs per SM instead of 2) read
         # 4.2 TB/s where 3 stages read 4.0 (155-218 requests); with several splits 3 stages tie.
-        num_stages=num_stages or (2 if num_splits == 1 else 3),
+        # Float8 pages (half the bytes per tile), "f16-staged": 3 stages best at every batch
+        # measured (`tools/bench_fp8_decode.py`: 256 requests 117 us vs 137 at 2 stages, bf16 149;
+        # 155: 108 vs 141, bf16 141; 59 on 2 splits 72 vs 81, bf16 87; bs=1 7.3 vs 7.5, bf16 7.7).
+        num_stages=num_stages or (3 if route != "q" or num_splits > 1 else 2),
         **pdl_args(q.device),
     )  # fmt: skip
     if num_splits == 1:

@@ -2,7 +2,7 @@
 (`kernels/tuned/decode_attention.json`) where it has the device, shape and size, else the
 split-count heuristic with the default launch. Tables name the KV cache they were measured on
 ("kv_cache": "16-bit", the default, or "fp8_e4m3"); a float8 cache without its own entry takes the
-16-bit one."""
+16-bit one's split count with float8's default tile and pipeline."""
 
 from __future__ import annotations
 
@@ -44,14 +44,18 @@ def decode_graph_launch(
 ) -> DecodeLaunch:
     """The launch a CUDA graph captures for `batch_size` requests: the measured one where
     `GRAPH_TUNED` has this GPU, shape and size and the KV cache (`kv_dtype`, the pages' element
-    type) is 16-bit, as measured, or `GRAPH_TUNED_FP8` (else `GRAPH_TUNED`) for a float8 cache
-    (`tuned` False, --no-decode-tuned, ignores the tables), else the heuristic split count for a
-    long context with the default launch."""
+    type) is 16-bit, as measured, or `GRAPH_TUNED_FP8` for a float8 cache (else the split count
+    of `GRAPH_TUNED` with the float8 default tile; `tuned` False, --no-decode-tuned, ignores the
+    tables), else the heuristic split count for a long context with the default launch."""
     if tuned and device.type == "cuda" and kv_dtype.itemsize in (1, 2):
         key = (device_name(device), num_kv_heads, num_heads, head_dim)
-        tables = (GRAPH_TUNED_FP8, GRAPH_TUNED) if kv_dtype.itemsize == 1 else (GRAPH_TUNED,)
-        for table in tables:
-            launch = table.get(key, {}).get(batch_size)
-            if launch is not None:
-                return launch
+        fp8 = kv_dtype.itemsize == 1
+        launch = (GRAPH_TUNED_FP8 if fp8 else GRAPH_TUNED).get(key, {}).get(batch_size)
+        if launch is not None:
+            return launch
+        sixteen = GRAPH_TUNED.get(key, {}).get(batch_size)
+        if fp8 and sixteen is not None:
+            # The split count is parallelism (the same programs); the tile and pipeline are
+            # decode_attention's float8 defaults (half the bytes a tile).
+            return DecodeLaunch(sixteen.num_splits)
     return DecodeLaunch(decode_num_splits(batch_size, num_kv_heads, head_dim, None, device))
