@@ -52,6 +52,34 @@ FP8_ROUTE = "f16-staged"
 
 
 @triton.jit
+def _split_range(first, seq_len, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Positions [start, end) of `split`: the keys from `first` to `seq_len` divided over the
+    splits in whole blocks. A short request leaves trailing splits empty (start >= end): they only
+    write (lse = -inf, o = 0), which the reduce ignores. Shared with `mla_decode`."""
+    split_len = tl.cdiv(tl.cdiv(seq_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = first + split * split_len
+    return start, tl.minimum(start + split_len, seq_len)
+
+
+@triton.jit
+def _store_split(
+    out, m_i, l_i, o_ptr, mid_o_ptr, mid_lse_ptr, req, heads, split, offs_d, out_mask, h_mask,
+    stride_ob, stride_oh, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, NUM_SPLITS: tl.constexpr,
+):  # fmt: skip
+    """A split's normalised partial output `out` [BLOCK_H, BLOCK_D]: with one split the answer,
+    straight to `o` (seq_len 0, a padded graph entry, gives 0, as stage 2 would); else to the fp32
+    scratch with its base-2 log-sum-exp (-inf for an empty split). Shared with `mla_decode`."""
+    if NUM_SPLITS == 1:
+        o_ptrs = o_ptr + req.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
+        mo_ptrs = mid_o_ptr + req * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :]
+        tl.store(mo_ptrs, out, mask=out_mask)
+        tl.store(mid_lse_ptr + req * stride_mlb + heads * stride_mlh + split, lse, mask=h_mask)
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr,
     k_ptr,
@@ -110,18 +138,11 @@ def _decode_split_kernel(
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + req)
     row = tl.load(rows_ptr + req).to(tl.int64)
-    # Each request divides its own length over the splits, in whole blocks; a short request leaves
-    # trailing splits empty, and they only write (lse = -inf, o = 0), which the reduce ignores.
-    # WINDOWED: the query (position seq_len - 1) sees the last `window` keys, all of them, so the
-    # splits divide just those and need no extra mask.
-    if WINDOWED:
-        first = tl.maximum(seq_len - window, 0)
-        split_len = tl.cdiv(tl.cdiv(seq_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        start = first + split * split_len
-    else:
-        split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        start = split * split_len
-    end = tl.minimum(start + split_len, seq_len)
+    # Each request divides its own length over the splits, in whole blocks. WINDOWED: the query
+    # (position seq_len - 1) sees the last `window` keys, all of them, so the splits divide just
+    # those and need no extra mask.
+    first = tl.maximum(seq_len - window, 0) if WINDOWED else 0
+    start, end = _split_range(first, seq_len, split, NUM_SPLITS, BLOCK_N)
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_n = tl.arange(0, BLOCK_N)
@@ -151,16 +172,11 @@ def _decode_split_kernel(
             kv_mask[None, :], offs_d, d_mask, stride_ks, stride_vs, qk_scale, cap_scale, PRECISION, SOFTCAP, V_STAGED,
         )  # fmt: skip
 
-    # Store the normalized partial output and its base-2 log-sum-exp (-inf for an empty split).
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None] * v_scale  # v_scale: a float8 cache's
-    if NUM_SPLITS == 1:  # seq_len 0 (a padded graph entry) gives 0, as stage 2 would
-        o_ptrs = o_ptr + req.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
-        return
-    lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
-    mo_ptrs = mid_o_ptr + req * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :]
-    tl.store(mo_ptrs, out, mask=h_mask[:, None] & d_mask[None, :])
-    tl.store(mid_lse_ptr + req * stride_mlb + heads * stride_mlh + split, lse, mask=h_mask)
+    _store_split(
+        out, m_i, l_i, o_ptr, mid_o_ptr, mid_lse_ptr, req, heads, split, offs_d, h_mask[:, None] & d_mask[None, :],
+        h_mask, stride_ob, stride_oh, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, NUM_SPLITS,
+    )  # fmt: skip
 
 
 @triton.jit
