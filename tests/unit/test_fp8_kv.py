@@ -307,3 +307,50 @@ def test_graph_launch_of_a_float8_cache(monkeypatch: pytest.MonkeyPatch) -> None
     heuristic = DecodeLaunch(decode_num_splits(size, 8, 128, None, cuda))
     assert tuned.decode_graph_launch(size, 16, 8, 128, torch.float32, cuda) == heuristic
     assert tuned.decode_graph_launch(size, 16, 8, 128, FP8, cuda, tuned=False) == heuristic
+
+
+def test_folded_norms_over_a_float8_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A float8 pool keeps the folded norms (the fused rotary store scales and saturates). Through
+    the whole engine (Triton kernels interpreted, fp32): the folded Triton layers give the logits
+    and the float8 pages of the unfolded ones, and their first layer's pages are those the torch
+    backend stores (`KVPool.store`) from the same inputs, but for the interpreter's float8 rounding
+    just below powers of two (see POW2_SCALES). Later layers are not compared with the torch
+    backend: a flipped float8 byte changes the next layer's inputs, and this tiny random model
+    amplifies that (0.9 in its logits; torch over float8 vs fp32 pages: 0.4)."""
+    import random
+
+    from minisgl.engine.config import EngineConfig
+    from minisgl.engine.engine import Engine
+    from minisgl.layers import activation, norm, rotary
+    from minisgl.platform.kernel_config import KernelConfig
+    from tests.engine_helpers import forward_logits
+
+    for module in (norm, activation, rotary):  # the Triton layers, as on CUDA
+        monkeypatch.setattr(module, "resolve_impl", lambda _impl, _device: "triton")
+    make_tiny_model("qwen3", tmp_path)
+    rng = random.Random(2)
+    prompts = [[rng.randrange(512) for _ in range(n)] for n in (9, 3, 17)]
+    engines = [
+        Engine(EngineConfig(model=str(tmp_path), device="cpu", dtype="float32", attn=attn, page_size=4,
+                            num_pages=64, max_running_requests=4, cuda_graph_max_bs=0, kv_cache_dtype="fp8_e4m3",
+                            kernels=KernelConfig(fold_norms=fold)))  # fmt: skip
+        for attn, fold in (("triton", True), ("triton", False), ("torch", False))
+    ]
+    folded, plain, torch_backend = engines
+    assert folded.model.model.norms_folded and not plain.model.model.norms_folded
+    assert folded.pool.k_scale == torch_backend.pool.k_scale and folded.pool.k_scale[0] != 1.0  # calibrated
+    got, want, _ = (forward_logits(e, prompts, all_positions=True) for e in engines)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+    def differ(a: torch.Tensor, b: torch.Tensor) -> float:
+        """The share of the written float8 bytes of b that a does not hold."""
+        written = b.view(torch.uint8) != 0
+        assert written.float().mean() > 0.05
+        return ((a.view(torch.uint8) != b.view(torch.uint8)) & written).float().sum().item() / written.sum().item()
+
+    for layer in range(folded.pool.num_layers):
+        assert differ(folded.pool.k[layer], plain.pool.k[layer]) < 0.005
+        assert differ(folded.pool.v[layer], plain.pool.v[layer]) < 0.005
+    assert differ(folded.pool.k[0], torch_backend.pool.k[0]) < 0.01
+    assert differ(folded.pool.v[0], torch_backend.pool.v[0]) < 0.01
