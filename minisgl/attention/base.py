@@ -11,11 +11,14 @@ from minisgl.attention.batch import ForwardBatch
 
 class KVStore(NamedTuple):
     """One layer's K/V caches [slots, Hkv, D] and the slots of the batch's new tokens [T]: where a
-    kernel before attention (the fused rotary) may write the new k and v itself."""
+    kernel before attention (the fused rotary) may write the new k and v itself; a float8 cache's
+    per-layer scales (the writer stores value / scale, saturated: kvcache/pool.py)."""
 
     k_cache: torch.Tensor
     v_cache: torch.Tensor
     out_loc: torch.Tensor
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -153,11 +153,10 @@ class TritonAttnBackend(BaseAttnBackend):
         return TritonExtendMeta(max((lens[i] for i in many), default=0), max_seq_len, split)
 
     def kv_store(self, layer_id: int, batch: ForwardBatch) -> KVStore | None:
-        # The fused rotary kernel writes k and v into the pool, saving the store launch per layer;
-        # a float8 pool takes them through `store_kv`, which scales and saturates.
-        if self.pool.quantized:
-            return None
-        return KVStore(self.pool.k[layer_id], self.pool.v[layer_id], batch.out_loc)
+        # The fused rotary kernel writes k and v into the pool, saving the store launch per layer
+        # (a float8 pool's: divided by the layer's scales and saturated, as `store_kv` does).
+        pool = self.pool
+        return KVStore(pool.k[layer_id], pool.v[layer_id], batch.out_loc, pool.k_scale[layer_id], pool.v_scale[layer_id])
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer_id: int, batch: ForwardBatch
@@ -276,7 +275,7 @@ class TritonAttnBackend(BaseAttnBackend):
 
     def _graph_launch(self, batch_size: int) -> DecodeLaunch:
         return decode_graph_launch(
-            batch_size, self.num_heads, self.num_kv_heads, self.head_dim, self.pool.compute_dtype, self.device,
+            batch_size, self.num_heads, self.num_kv_heads, self.head_dim, self.pool.dtype, self.device,
             tuned=self.decode_tuned,
         )
 

@@ -133,8 +133,8 @@ class Engine:
             self._set_kv_scales(kv_scales)
         # Fewer kernels per layer where the Triton kernels finish the RMSNorms (models/llama.py).
         fold = getattr(self.model, "fold_norms", None)
-        # Not over a float8 pool: folding needs the rotary kernel's own KV store, which does not scale.
-        if config.kernels.fold_norms and not self.pool.quantized and fold is not None and fold():
+        # Over a float8 pool too: the rotary kernel's own KV store scales and saturates.
+        if config.kernels.fold_norms and fold is not None and fold():
             logger.info("RMSNorm weights folded into the qkv and gate_up projections")
         self.runner = self._make_runner()
         # Compiled kernels only (the CPU interpreter compiles nothing); MLA layers run their own.

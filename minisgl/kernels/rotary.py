@@ -31,6 +31,7 @@ def _rope_heads(
     x_ptr,
     out_ptr,
     w_ptr,
+    round_ptr,
     token,
     out_row,
     head_start,
@@ -43,11 +44,13 @@ def _rope_heads(
     sin,
     eps,
     row_scale,
+    inv_scale,
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     HAS_NORM: tl.constexpr,
     SCALED: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     heads = head_start + tl.arange(0, BLOCK_H)
     dims = tl.arange(0, BLOCK_HALF)
@@ -55,7 +58,7 @@ def _rope_heads(
     x_offs = token * stride_xt + heads.to(tl.int64)[:, None] * stride_xh + dims[None, :]
     x1 = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(x_ptr + x_offs + HALF, mask=mask, other=0.0).to(tl.float32)
-    dtype = out_ptr.dtype.element_ty
+    dtype = round_ptr.dtype.element_ty  # the output's compute dtype (a float8 cache rounds in it first)
     in_dtype = x_ptr.dtype.element_ty
     if SCALED:  # the projection ran on the un-normalised hidden row: apply its RMSNorm scale now
         x1 = (x1 * row_scale).to(in_dtype).to(tl.float32)
@@ -71,8 +74,17 @@ def _rope_heads(
     out1 = ((x1 * cos).to(dtype).to(tl.float32) + ((-x2) * sin).to(dtype).to(tl.float32)).to(dtype)
     out2 = ((x2 * cos).to(dtype).to(tl.float32) + (x1 * sin).to(dtype).to(tl.float32)).to(dtype)
     out_offs = out_row * stride_ot + heads.to(tl.int64)[:, None] * stride_oh + dims[None, :]
-    tl.store(out_ptr + out_offs, out1, mask=mask)
-    tl.store(out_ptr + out_offs + HALF, out2, mask=mask)
+    tl.store(out_ptr + out_offs, _to_cache(out1, inv_scale, out_ptr, FP8), mask=mask)
+    tl.store(out_ptr + out_offs + HALF, _to_cache(out2, inv_scale, out_ptr, FP8), mask=mask)
+
+
+@triton.jit
+def _to_cache(x, inv_scale, out_ptr, FP8: tl.constexpr):
+    """x (rounded to its compute dtype) in the output's element type; a float8 KV cache holds
+    x / scale saturated at +-448, as `store_kv` writes it (kernels/store_kv.py)."""
+    if FP8:
+        x = tl.clamp(x.to(tl.float32) * inv_scale, -448.0, 448.0)
+    return x.to(out_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -109,6 +121,8 @@ def _rotary_kernel(
     h_ptr,
     stride_ht,
     h_eps,
+    inv_k_scale,
+    inv_v_scale,
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
@@ -116,6 +130,7 @@ def _rotary_kernel(
     STORE_KV: tl.constexpr,
     HIDDEN: tl.constexpr,
     BLOCK_HIDDEN: tl.constexpr,
+    FP8: tl.constexpr,
     PDL: tl.constexpr,
 ):
     if PDL:
@@ -141,15 +156,15 @@ def _rotary_kernel(
     # Axis 1 covers q's head blocks, then k's, then (STORE_KV) v's: one launch for all.
     if block < num_q_blocks:
         _rope_heads(
-            q_ptr, q_out_ptr, qw_ptr, token, token, block * BLOCK_H, num_q_heads,
-            stride_qt, stride_qh, stride_qot, stride_qoh, cos, sin, q_eps, row_scale,
-            HALF, BLOCK_H, BLOCK_HALF, HAS_NORM, HIDDEN > 0,
+            q_ptr, q_out_ptr, qw_ptr, q_out_ptr, token, token, block * BLOCK_H, num_q_heads,
+            stride_qt, stride_qh, stride_qot, stride_qoh, cos, sin, q_eps, row_scale, 1.0,
+            HALF, BLOCK_H, BLOCK_HALF, HAS_NORM, HIDDEN > 0, False,
         )  # fmt: skip
     elif block < num_q_blocks + num_k_blocks:
         _rope_heads(
-            k_ptr, k_out_ptr, kw_ptr, token, kv_row, (block - num_q_blocks) * BLOCK_H, num_k_heads,
-            stride_kt, stride_kh, stride_kot, stride_koh, cos, sin, k_eps, row_scale,
-            HALF, BLOCK_H, BLOCK_HALF, HAS_NORM, HIDDEN > 0,
+            k_ptr, k_out_ptr, kw_ptr, q_out_ptr, token, kv_row, (block - num_q_blocks) * BLOCK_H, num_k_heads,
+            stride_kt, stride_kh, stride_kot, stride_koh, cos, sin, k_eps, row_scale, inv_k_scale,
+            HALF, BLOCK_H, BLOCK_HALF, HAS_NORM, HIDDEN > 0, FP8,
         )  # fmt: skip
     else:
         heads = (block - num_q_blocks - num_k_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -158,9 +173,9 @@ def _rotary_kernel(
         heads = heads.to(tl.int64)[:, None]
         v = tl.load(v_ptr + token * stride_vt + heads * stride_vh + full[None, :], mask=mask)
         if HIDDEN > 0:
-            v = v.to(tl.float32) * row_scale
+            v = (v.to(tl.float32) * row_scale).to(v_ptr.dtype.element_ty) if FP8 else v.to(tl.float32) * row_scale
         v_dst = v_out_ptr + kv_row * stride_vot + heads * stride_voh + full[None, :]
-        tl.store(v_dst, v.to(v_out_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_dst, _to_cache(v, inv_v_scale, v_out_ptr, FP8), mask=mask)
 
 
 def _launch(
@@ -173,9 +188,11 @@ def _launch(
     inplace: bool,
     store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     row_norm: tuple[torch.Tensor, float] | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch for all entry points -> (q out, k out); `store` = (v, k_cache, v_cache, out_loc)
-    sends k and v to the cache, which is then the k out; `row_norm` = (hidden [T, H], eps) scales
+    sends k and v to the cache, which is then the k out (a float8 cache: divided by `kv_scales`
+    and saturated, after rounding to the compute dtype); `row_norm` = (hidden [T, H], eps) scales
     q, k and v by each token's 1 / rms(hidden) first."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_k_heads = k.shape[1]
@@ -200,7 +217,7 @@ def _launch(
         v, _, v_out, loc = store
         assert v.shape == k.shape and v.stride(2) == 1 and loc.shape == (num_tokens,)
         assert k_out.shape[1:] == k.shape[1:] and v_out.shape == k_out.shape and k_out.stride(2) == v_out.stride(2) == 1
-        assert k_out.dtype == out_dtype, "the cache dtype must be the rotated k's (rounding is done in it)"
+        assert k_out.dtype in (out_dtype, torch.float8_e4m3fn), "the cache dtype must be the rotated k's, or float8"
     if num_tokens == 0:
         return q_out, k_out
     block_half = triton.next_power_of_2(half)
@@ -217,6 +234,7 @@ def _launch(
         cos.stride(0), v.stride(0), v.stride(1), v_out.stride(0), v_out.stride(1), q_eps, k_eps,
         HALF=half, BLOCK_H=block_h, BLOCK_HALF=block_half, HAS_NORM=norm is not None, STORE_KV=store is not None,
         **row_norm_args(row_norm, num_tokens, q),
+        inv_k_scale=1.0 / kv_scales[0], inv_v_scale=1.0 / kv_scales[1], FP8=k_out.dtype == torch.float8_e4m3fn,
         num_warps=max(1, min(4, block_h * block_half // 128)),
         **pdl_args(q.device),
     )  # fmt: skip
@@ -265,12 +283,14 @@ def rotary_store_kv(
     out_loc: torch.Tensor,
     norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None,
     row_norm: tuple[torch.Tensor, float] | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> torch.Tensor:
     """`rotary` / `qk_norm_rotary` (with `norm` = (q_weight, k_weight, q_eps, k_eps)) whose k, and
     v unchanged, are written to slots `out_loc` [T] of the layer caches [slots, Hk, D] in the same
-    launch, which replaces `store_kv`. Returns the rotated q.
+    launch, which replaces `store_kv`. Returns the rotated q. A float8 cache gets k and v (in the
+    compute dtype) divided by `kv_scales` = (k_scale, v_scale) and saturated, as `store_kv` writes.
 
     `row_norm` = (hidden [T, H], eps): q, k and v were projected from the un-normalised `hidden`
     with the input RMSNorm's weight folded into the projection; each token's are first scaled by
     1 / rms(hidden) (and rounded to their dtype), which completes that norm."""
-    return _launch(positions, q, k, cos, sin, norm, False, (v, k_cache, v_cache, out_loc), row_norm)[0]
+    return _launch(positions, q, k, cos, sin, norm, False, (v, k_cache, v_cache, out_loc), row_norm, kv_scales)[0]

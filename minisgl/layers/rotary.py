@@ -174,5 +174,6 @@ class RotaryEmbedding(nn.Module):
         assert self._rotary_store_kv is not None, "only the Triton implementation stores k/v (see stores_kv)"
         eps = (norms[0].weight, norms[1].weight, norms[0].eps, norms[1].eps) if norms is not None else None
         return self._rotary_store_kv(
-            positions, q, k, v, self.cos, self.sin, store.k_cache, store.v_cache, store.out_loc, eps, row_norm
+            positions, q, k, v, self.cos, self.sin, store.k_cache, store.v_cache, store.out_loc, eps, row_norm,
+            (store.k_scale, store.v_scale),
         )

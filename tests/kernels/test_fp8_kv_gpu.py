@@ -7,11 +7,13 @@ float8 pages (fp32 activations: both attend exactly)."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
 import torch
 
+from minisgl.kernels.attention.decode import FP8_ROUTES
 from tests.kernels.test_attention_kernels import assert_close, build_case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -48,9 +50,36 @@ def test_attention_kernels_over_fp8_pages(window: int | None, heads: tuple[int, 
     assert_close(out, extend_attention_ref(case.q, k_deq, v_deq, *args, window=window), torch.bfloat16)
     q1 = case.q[:3].contiguous()
     dargs = (case.token_table, case.rows, case.seq_lens, 128**-0.5)
-    for splits in (1, 4):
-        got = decode_attention(q1, k8, v8, *dargs, num_splits=splits, window=window, k_scale=k_scale, v_scale=v_scale)
+    for splits, route in itertools.product((1, 4), (None, *FP8_ROUTES)):  # None: the default route
+        got = decode_attention(q1, k8, v8, *dargs, num_splits=splits, window=window, k_scale=k_scale, v_scale=v_scale,
+                               fp8_route=route)  # fmt: skip
         assert_close(got, decode_attention_ref(q1, k_deq, v_deq, *dargs, window=window), torch.bfloat16)
+
+
+@pytest.mark.parametrize("row_norm", [False, True])
+def test_rotary_store_into_fp8_gpu(row_norm: bool) -> None:
+    """The fused rotary + KV store into float8 pages writes, bit for bit, what `store_kv` writes
+    from the same kernel's bf16 output (the pair it replaces on a float8 pool)."""
+    from minisgl.kernels.rotary import rotary_store_kv
+    from minisgl.kernels.store_kv import store_kv
+
+    gen = torch.Generator().manual_seed(2)
+    tokens, slots = 300, 1000
+    q, k, v = ((torch.randn(tokens, h, 128, generator=gen) * 30).cuda().bfloat16() for h in (16, 8, 8))
+    cos, sin = (torch.randn(4096, 64, generator=gen).cuda() for _ in range(2))
+    positions = torch.randint(0, 4096, (tokens,), generator=gen).cuda()
+    loc = torch.randperm(slots, generator=gen)[:tokens].cuda()
+    norms = ((1 + 0.1 * torch.randn(128, generator=gen)).cuda().bfloat16(),) * 2 + (1e-6, 1e-6)
+    rows = ((3 * torch.randn(tokens, 1024, generator=gen)).cuda().bfloat16(), 1e-6) if row_norm else None
+    scales = (0.021, 0.37)
+    k16, v16 = (torch.zeros(slots, 8, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    q_want = rotary_store_kv(positions, q, k, v, cos, sin, k16, v16, loc, norms, rows)
+    want = [torch.zeros(slots, 8, 128, dtype=FP8, device="cuda") for _ in range(2)]
+    store_kv(k16[loc], v16[loc], want[0], want[1], loc, *scales)
+    got = [torch.zeros(slots, 8, 128, dtype=FP8, device="cuda") for _ in range(2)]
+    assert torch.equal(rotary_store_kv(positions, q, k, v, cos, sin, got[0], got[1], loc, norms, rows, scales), q_want)
+    for g, w in zip(got, want):
+        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8))
 
 
 def test_engine_fp8_kv_triton_equals_torch_backend(tmp_path: Path) -> None:

@@ -217,3 +217,140 @@ def test_triton_over_fp8_pages_equals_torch_backend(spec: AttnLayerSpec, case: s
     (torch_out, torch_pool), (triton_out, triton_pool) = outs
     assert torch.equal(torch_pool.k[0].view(torch.uint8), triton_pool.k[0].view(torch.uint8))  # same stores
     torch.testing.assert_close(triton_out, torch_out, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("row_norm", [False, True])
+def test_rotary_store_into_fp8_equals_rotary_then_store(dtype: torch.dtype, norm: bool, row_norm: bool) -> None:
+    """The fused rotary + KV store over a float8 cache (what lets a float8 pool keep the folded
+    norms and skip the store launch) writes the bytes `store_kv` writes from the rotary's output
+    in the compute dtype, with non-unit scales and saturation; q is unchanged by the cache."""
+    from minisgl.kernels.rotary import rotary_store_kv
+    from minisgl.kernels.store_kv import store_kv
+
+    gen = torch.Generator().manual_seed(6)
+    tokens, num_q, num_k, head_dim, slots = 5, 4, 2, 32, 23
+    q, k, v = ((torch.randn(tokens, h, head_dim, generator=gen) * 3).to(dtype) for h in (num_q, num_k, num_k))
+    v[0, 0, :2] = torch.tensor([900.0, -2000.0]).to(dtype)  # saturated at +-448 once divided by 0.5
+    cos = torch.randn(64, head_dim // 2, generator=gen)
+    sin = torch.randn(64, head_dim // 2, generator=gen)
+    positions = torch.randint(0, 64, (tokens,), generator=gen)
+    out_loc = torch.randperm(slots, generator=gen)[:tokens]
+    norms = None
+    if norm:
+        weights = [(1 + 0.1 * torch.randn(head_dim, generator=gen)).to(dtype) for _ in range(2)]
+        norms = (weights[0], weights[1], 1e-6, 1e-5)
+    rows = ((3 * torch.randn(tokens, 40, generator=gen)).to(dtype), 1e-6) if row_norm else None
+    scales = (0.011, 0.5)
+    # The reference: the rotary's k and v in the compute dtype, then the float8 store kernel.
+    k16, v16 = (torch.zeros(slots, num_k, head_dim, dtype=dtype) for _ in range(2))
+    q_want = rotary_store_kv(positions, q, k, v, cos, sin, k16, v16, out_loc, norms, rows)
+    k_want, v_want = (torch.zeros(slots, num_k, head_dim, dtype=FP8) for _ in range(2))
+    store_kv(k16[out_loc], v16[out_loc], k_want, v_want, out_loc, *scales)
+    k8, v8 = (torch.zeros(slots, num_k, head_dim, dtype=FP8) for _ in range(2))
+    q_got = rotary_store_kv(positions, q, k, v, cos, sin, k8, v8, out_loc, norms, rows, scales)
+    assert torch.equal(q_got, q_want)
+    assert torch.equal(k8.view(torch.uint8), k_want.view(torch.uint8))
+    assert torch.equal(v8.view(torch.uint8), v_want.view(torch.uint8))
+    assert v8[out_loc[0], 0, :2].float().tolist() == [448.0, -448.0]
+    assert k8.float().abs().max() > 100  # k / 0.011: the scale was applied
+
+
+@pytest.mark.parametrize("route", ["q", "q-staged", "f16", "f16-staged"])
+@pytest.mark.parametrize("splits", [1, 4])
+def test_decode_fp8_routes_equal_dequantized(route: str, splits: int) -> None:
+    """Each way of widening float8 tiles in the decode kernel (`decode.FP8_ROUTES`) attends as
+    the reference over the dequantized pages: exactly for q's dtype (fp32 here), within f16's
+    rounding of the probabilities for the f16 dots (q holds bf16 values, which f16 keeps exactly)."""
+    from minisgl.kernels.attention import decode_attention
+    from minisgl.kernels.attention_ref import decode_attention_ref
+
+    gen = torch.Generator().manual_seed(8)
+    slots, lens = 700, [200, 37, 1]
+    k = (torch.randn(slots, 2, 32, generator=gen) / 0.02).clamp(-448, 448).to(FP8)
+    v = (torch.randn(slots, 2, 32, generator=gen) / 0.01).clamp(-448, 448).to(FP8)
+    table = torch.randperm(slots, generator=gen)[: 3 * 200].view(3, 200).int()
+    rows, seq_lens = torch.tensor([2, 0, 1]), torch.tensor(lens, dtype=torch.int32)
+    q = torch.randn(3, 4, 32, generator=gen).bfloat16().float()
+    want = decode_attention_ref(q, k.float() * 0.02, v.float() * 0.01, table, rows, seq_lens, 32**-0.5)
+    got = decode_attention(q, k, v, table, rows, seq_lens, 32**-0.5, num_splits=splits, k_scale=0.02, v_scale=0.01,
+                           fp8_route=route)  # fmt: skip
+    tol = 1e-5 if route.startswith("q") else 2e-3
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    if route.startswith("f16"):  # a 16-bit q takes the same dots by default (FP8_ROUTE)
+        got16 = decode_attention(q.half(), k, v, table, rows, seq_lens, 32**-0.5, num_splits=splits,
+                                 k_scale=0.02, v_scale=0.01, fp8_route=route)  # fmt: skip
+        torch.testing.assert_close(got16.float(), want, rtol=4e-3, atol=4e-3)
+
+
+def test_graph_launch_of_a_float8_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A float8 cache takes its own measured launch (GRAPH_TUNED_FP8) where the table has one,
+    else the split count of the 16-bit one of the same GPU, shape and size with the float8 default
+    tile (decode_attention's); fp32 pages never take either."""
+    import minisgl.kernels.attention.decode as decode
+    import minisgl.kernels.attention.tuned as tuned
+    from minisgl.kernels.attention import DecodeLaunch, decode_num_splits
+
+    monkeypatch.setattr(decode, "num_sms", lambda device: 132)
+    monkeypatch.setattr(tuned, "device_name", lambda device: "NVIDIA H200")
+    cuda = torch.device("cuda", 0)  # only its type is read
+    key = ("NVIDIA H200", 8, 16, 128)
+    sixteen = tuned.GRAPH_TUNED[key]
+    size = next(iter(sixteen))
+    monkeypatch.setattr(tuned, "GRAPH_TUNED_FP8", {})
+    assert tuned.decode_graph_launch(size, 16, 8, 128, FP8, cuda) == DecodeLaunch(sixteen[size].num_splits)
+    own = DecodeLaunch(2, 128, 4, 3)
+    monkeypatch.setattr(tuned, "GRAPH_TUNED_FP8", {key: {size: own}})
+    assert tuned.decode_graph_launch(size, 16, 8, 128, FP8, cuda) == own
+    assert tuned.decode_graph_launch(size, 16, 8, 128, torch.bfloat16, cuda) == sixteen[size]
+    heuristic = DecodeLaunch(decode_num_splits(size, 8, 128, None, cuda))
+    assert tuned.decode_graph_launch(size, 16, 8, 128, torch.float32, cuda) == heuristic
+    assert tuned.decode_graph_launch(size, 16, 8, 128, FP8, cuda, tuned=False) == heuristic
+
+
+def test_folded_norms_over_a_float8_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A float8 pool keeps the folded norms (the fused rotary store scales and saturates). Through
+    the whole engine (Triton kernels interpreted, fp32): the folded Triton layers give the logits
+    and the float8 pages of the unfolded ones, and their first layer's pages are those the torch
+    backend stores (`KVPool.store`) from the same inputs, but for the interpreter's float8 rounding
+    just below powers of two (see POW2_SCALES). Later layers are not compared with the torch
+    backend: a flipped float8 byte changes the next layer's inputs, and this tiny random model
+    amplifies that (0.9 in its logits; torch over float8 vs fp32 pages: 0.4)."""
+    import random
+
+    from minisgl.engine.config import EngineConfig
+    from minisgl.engine.engine import Engine
+    from minisgl.layers import activation, norm, rotary
+    from minisgl.platform.kernel_config import KernelConfig
+    from tests.engine_helpers import forward_logits
+
+    for module in (norm, activation, rotary):  # the Triton layers, as on CUDA
+        monkeypatch.setattr(module, "resolve_impl", lambda _impl, _device: "triton")
+    make_tiny_model("qwen3", tmp_path)
+    rng = random.Random(2)
+    prompts = [[rng.randrange(512) for _ in range(n)] for n in (9, 3, 17)]
+    engines = [
+        Engine(EngineConfig(model=str(tmp_path), device="cpu", dtype="float32", attn=attn, page_size=4,
+                            num_pages=64, max_running_requests=4, cuda_graph_max_bs=0, kv_cache_dtype="fp8_e4m3",
+                            kernels=KernelConfig(fold_norms=fold)))  # fmt: skip
+        for attn, fold in (("triton", True), ("triton", False), ("torch", False))
+    ]
+    folded, plain, torch_backend = engines
+    assert folded.model.model.norms_folded and not plain.model.model.norms_folded
+    assert folded.pool.k_scale == torch_backend.pool.k_scale and folded.pool.k_scale[0] != 1.0  # calibrated
+    got, want, _ = (forward_logits(e, prompts, all_positions=True) for e in engines)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+    def differ(a: torch.Tensor, b: torch.Tensor) -> float:
+        """The share of the written float8 bytes of b that a does not hold."""
+        written = b.view(torch.uint8) != 0
+        assert written.float().mean() > 0.05
+        return ((a.view(torch.uint8) != b.view(torch.uint8)) & written).float().sum().item() / written.sum().item()
+
+    for layer in range(folded.pool.num_layers):
+        assert differ(folded.pool.k[layer], plain.pool.k[layer]) < 0.005
+        assert differ(folded.pool.v[layer], plain.pool.v[layer]) < 0.005
+    assert differ(folded.pool.k[0], torch_backend.pool.k[0]) < 0.01
+    assert differ(folded.pool.v[0], torch_backend.pool.v[0]) < 0.01

@@ -41,11 +41,18 @@ def _attend_block(
     cap_scale,
     PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    V_STAGED: tl.constexpr = False,
 ):
     """One online-softmax step over a block of key positions; returns the updated (acc, m, l).
 
     Scores come out in base 2: `dot * qk_scale` (qk_scale = sm_scale * log2 e), or with SOFTCAP
-    `tanh(dot * qk_scale) * cap_scale` (qk_scale = sm_scale / cap, cap_scale = cap * log2 e)."""
+    `tanh(dot * qk_scale) * cap_scale` (qk_scale = sm_scale / cap, cap_scale = cap * log2 e).
+
+    V_STAGED (a float8 cache): v is widened in the registers it was loaded to, then multiplied by
+    its row mask (exact: 1 or 0). The multiply keeps the compiler from moving the widening past
+    the shared-memory load of the dot operand: an 8-bit [keys, D] tile read as the transposed
+    operand of p @ v is read byte by byte (sm90 has no 8-bit ldmatrix.trans), where the widened
+    16-bit tile takes ldmatrix.trans (decode.py's note on float8)."""
     # int64 before scaling by the slot stride: large pools overflow int32 element offsets.
     slots = tl.load(table_row_ptr + kv_pos, mask=kv_mask, other=0).to(tl.int64)
     kv_load_mask = kv_mask[:, None] & d_mask[None, :]
@@ -62,6 +69,8 @@ def _attend_block(
     p = tl.exp2(scores - m_shift[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     v = tl.load(v_head_ptr + slots[:, None] * stride_vs + offs_d[None, :], mask=kv_load_mask, other=0.0).to(q.dtype)
+    if V_STAGED:
+        v = v * kv_mask.to(q.dtype)[:, None]
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, m_new, l_i
 

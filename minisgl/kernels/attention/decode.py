@@ -39,6 +39,45 @@ _MIN_TOKENS_PER_SPLIT = 128
 # the 3 that split launches run, 77 requests took 110.1 us on 2 splits against 104.7 on 1.
 _DECODE_PROGRAMS_PER_SM = 8
 
+# How a float8 cache's tiles are widened for the two dots (`decode_attention(fp8_route=...)`):
+# "q": to q's dtype (bf16: e4m3 -> f16 -> bf16, two conversions per element); "f16": to f16, with
+# q cast to f16 (one cvt.rn.f16x2.e4m3x2 per pair; f16 holds every e4m3 value, and every bf16 q
+# component in 2^-17..65504, q being clamped to +-65504; the probabilities round to f16, finer
+# than bf16's); "-staged": v widened before its shared-memory stage (common._attend_block's
+# V_STAGED). sm90 SASS of the stage-1 loop, 64 keys, 2 warps (Triton 3.6, compiled on CPU for
+# sm_90): bf16 pages 725 instructions; float8 "q" 1527 (256 F2F, 128 PRMT, 167 LDS: v's transposed
+# operand read a byte at a time); "f16" 1116; "f16-staged" 1056 (v through LDSM.T as f16).
+FP8_ROUTES = ("q", "q-staged", "f16", "f16-staged")
+FP8_ROUTE = "f16-staged"
+
+
+@triton.jit
+def _split_range(first, seq_len, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Positions [start, end) of `split`: the keys from `first` to `seq_len` divided over the
+    splits in whole blocks. A short request leaves trailing splits empty (start >= end): they only
+    write (lse = -inf, o = 0), which the reduce ignores. Shared with `mla_decode`."""
+    split_len = tl.cdiv(tl.cdiv(seq_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = first + split * split_len
+    return start, tl.minimum(start + split_len, seq_len)
+
+
+@triton.jit
+def _store_split(
+    out, m_i, l_i, o_ptr, mid_o_ptr, mid_lse_ptr, req, heads, split, offs_d, out_mask, h_mask,
+    stride_ob, stride_oh, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, NUM_SPLITS: tl.constexpr,
+):  # fmt: skip
+    """A split's normalised partial output `out` [BLOCK_H, BLOCK_D]: with one split the answer,
+    straight to `o` (seq_len 0, a padded graph entry, gives 0, as stage 2 would); else to the fp32
+    scratch with its base-2 log-sum-exp (-inf for an empty split). Shared with `mla_decode`."""
+    if NUM_SPLITS == 1:
+        o_ptrs = o_ptr + req.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
+        mo_ptrs = mid_o_ptr + req * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :]
+        tl.store(mo_ptrs, out, mask=out_mask)
+        tl.store(mid_lse_ptr + req * stride_mlb + heads * stride_mlh + split, lse, mask=h_mask)
+
 
 @triton.jit
 def _decode_split_kernel(
@@ -83,6 +122,8 @@ def _decode_split_kernel(
     SOFTCAP: tl.constexpr,
     SINKS: tl.constexpr,
     PDL: tl.constexpr,
+    Q_F16: tl.constexpr,
+    V_STAGED: tl.constexpr,
 ):
     """Stage 1: partial attention of all q heads of one kv head over one split of the sequence.
     With a single split the partial result is the answer: it goes straight to `o` (no stage 2).
@@ -97,18 +138,11 @@ def _decode_split_kernel(
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + req)
     row = tl.load(rows_ptr + req).to(tl.int64)
-    # Each request divides its own length over the splits, in whole blocks; a short request leaves
-    # trailing splits empty, and they only write (lse = -inf, o = 0), which the reduce ignores.
-    # WINDOWED: the query (position seq_len - 1) sees the last `window` keys, all of them, so the
-    # splits divide just those and need no extra mask.
-    if WINDOWED:
-        first = tl.maximum(seq_len - window, 0)
-        split_len = tl.cdiv(tl.cdiv(seq_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        start = first + split * split_len
-    else:
-        split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        start = split * split_len
-    end = tl.minimum(start + split_len, seq_len)
+    # Each request divides its own length over the splits, in whole blocks. WINDOWED: the query
+    # (position seq_len - 1) sees the last `window` keys, all of them, so the splits divide just
+    # those and need no extra mask.
+    first = tl.maximum(seq_len - window, 0) if WINDOWED else 0
+    start, end = _split_range(first, seq_len, split, NUM_SPLITS, BLOCK_N)
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_n = tl.arange(0, BLOCK_N)
@@ -118,6 +152,8 @@ def _decode_split_kernel(
     heads = kv_head * GROUP + offs_h
     q_ptrs = q_ptr + req.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+    if Q_F16:  # a float8 cache's "f16" route: the dots run in f16 (FP8_ROUTE)
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
 
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
@@ -133,19 +169,14 @@ def _decode_split_kernel(
         kv_mask = kv_pos < end
         acc, m_i, l_i = _attend_block(
             acc, m_i, l_i, q, k_head_ptr, v_head_ptr, table_row_ptr, kv_pos, kv_mask,
-            kv_mask[None, :], offs_d, d_mask, stride_ks, stride_vs, qk_scale, cap_scale, PRECISION, SOFTCAP,
+            kv_mask[None, :], offs_d, d_mask, stride_ks, stride_vs, qk_scale, cap_scale, PRECISION, SOFTCAP, V_STAGED,
         )  # fmt: skip
 
-    # Store the normalized partial output and its base-2 log-sum-exp (-inf for an empty split).
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None] * v_scale  # v_scale: a float8 cache's
-    if NUM_SPLITS == 1:  # seq_len 0 (a padded graph entry) gives 0, as stage 2 would
-        o_ptrs = o_ptr + req.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
-        return
-    lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
-    mo_ptrs = mid_o_ptr + req * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :]
-    tl.store(mo_ptrs, out, mask=h_mask[:, None] & d_mask[None, :])
-    tl.store(mid_lse_ptr + req * stride_mlb + heads * stride_mlh + split, lse, mask=h_mask)
+    _store_split(
+        out, m_i, l_i, o_ptr, mid_o_ptr, mid_lse_ptr, req, heads, split, offs_d, h_mask[:, None] & d_mask[None, :],
+        h_mask, stride_ob, stride_oh, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, NUM_SPLITS,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -255,6 +286,7 @@ def decode_attention(
     sinks: torch.Tensor | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    fp8_route: str | None = None,
 ) -> torch.Tensor:
     """One query token per request, q [B, Hq, D], attending to all `seq_lens[b]` cached positions
     (with `window`, only the last `window` of them; `softcap`: `cap * tanh(s / cap)` scores;
@@ -264,7 +296,8 @@ def decode_attention(
     `mid_o`/`mid_lse` may be larger than needed (static graph buffers): only [:B, :, :num_splits]
     is touched. `order` [B] int32, a permutation of the requests, is the order their programs
     start in (longest first pays: see the kernel). `block_n`/`num_warps`/`num_stages` override the
-    tuned launch (sweeps).
+    tuned launch (sweeps). `fp8_route` (a float8 cache; default FP8_ROUTE for a 16-bit q, "q" for
+    fp32) picks how its tiles are widened (see FP8_ROUTES).
     """
     num_heads, num_kv_heads, head_dim = _check_layout(q, k_cache, v_cache)
     assert 1 <= num_splits
@@ -283,6 +316,10 @@ def decode_attention(
     block_d = _block_d(head_dim)
     block_n = block_n or (16 if _SMALL_BLOCKS else 32 if head_dim > 128 else 64)
     assert order is None or order.shape[0] >= batch_size
+    route = "q"
+    if k_cache.dtype == torch.float8_e4m3fn:  # f16 dots are exact for a 16-bit q only: fp32 keeps "q"
+        route = fp8_route or (FP8_ROUTE if q.dtype.itemsize == 2 else "q")
+    assert route in FP8_ROUTES, f"fp8_route {route!r}: one of {FP8_ROUTES}"
     _decode_split_kernel[(num_kv_heads, batch_size, num_splits)](
         q, k_cache, v_cache, mid_o, mid_lse, out,
         token_table, rows, seq_lens, order if order is not None else rows, sinks if sinks is not None else q,
@@ -301,13 +338,18 @@ def decode_attention(
         WINDOWED=window is not None,
         SOFTCAP=softcap is not None,
         SINKS=sinks is not None,
+        Q_F16=route.startswith("f16"),
+        V_STAGED=route.endswith("-staged"),
         # H200 sweep of uniform lengths: 2 warps best or tied from batch 1 to 256 (4 warps up to 10%
         # slower at D 64, 8 warps up to 60% slower); wider heads get 4 to keep tiles in registers.
         num_warps=num_warps or (2 if head_dim <= 128 else 4),
         # H200, the offline workload's own decode batches (`sweep_decode_attention.py --workload`):
         # at one split, 2 stages (64 KB of shared memory, 3 programs per SM instead of 2) read
         # 4.2 TB/s where 3 stages read 4.0 (155-218 requests); with several splits 3 stages tie.
-        num_stages=num_stages or (2 if num_splits == 1 else 3),
+        # Float8 pages (half the bytes per tile), "f16-staged": 3 stages best at every batch
+        # measured (`tools/bench_fp8_decode.py`: 256 requests 117 us vs 137 at 2 stages, bf16 149;
+        # 155: 108 vs 141, bf16 141; 59 on 2 splits 72 vs 81, bf16 87; bs=1 7.3 vs 7.5, bf16 7.7).
+        num_stages=num_stages or (3 if route != "q" or num_splits > 1 else 2),
         **pdl_args(q.device),
     )  # fmt: skip
     if num_splits == 1:

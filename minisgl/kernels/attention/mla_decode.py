@@ -22,6 +22,8 @@ from triton.language.extra.cuda import gdc_wait
 from minisgl.kernels.attention.common import _LOG2E, _SMALL_BLOCKS, _block_d, _precision
 from minisgl.kernels.attention.decode import (
     _decode_reduce_kernel,
+    _split_range,
+    _store_split,
     alloc_decode_buffers,
     decode_num_splits,
 )
@@ -70,9 +72,7 @@ def _mla_decode_split_kernel(
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + req)
     row = tl.load(rows_ptr + req).to(tl.int64)
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * split_len
-    end = tl.minimum(start + split_len, seq_len)
+    start, end = _split_range(0, seq_len, split, NUM_SPLITS, BLOCK_N)
 
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_n = tl.arange(0, BLOCK_N)
@@ -109,15 +109,10 @@ def _mla_decode_split_kernel(
         m_i = m_new
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    out_mask = h_mask[:, None] & l_mask[None, :]
-    if NUM_SPLITS == 1:
-        o_ptrs = o_ptr + req.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_l[None, :]
-        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=out_mask)
-        return
-    lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
-    mo_ptrs = mid_o_ptr + req * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_l[None, :]
-    tl.store(mo_ptrs, out, mask=out_mask)
-    tl.store(mid_lse_ptr + req * stride_mlb + heads * stride_mlh + split, lse, mask=h_mask)
+    _store_split(
+        out, m_i, l_i, o_ptr, mid_o_ptr, mid_lse_ptr, req, heads, split, offs_l, h_mask[:, None] & l_mask[None, :],
+        h_mask, stride_ob, stride_oh, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, NUM_SPLITS,
+    )  # fmt: skip
 
 
 def mla_decode(
