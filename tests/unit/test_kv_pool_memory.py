@@ -1,0 +1,48 @@
+"""The KV pool in host memory is committed page by page as requests write it, not at start-up."""
+
+from __future__ import annotations
+
+import torch
+
+from minisgl.kvcache.latent_pool import LatentPool
+from minisgl.kvcache.pool import KVPool, zeroed_buffers
+
+
+def _rss_anon_mib() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def test_pool_memory_is_committed_on_write() -> None:
+    # 4 layers x (K + V) x 2049 pages x 16 slots x 4 heads x 128 x 4 B = 256 MiB of fp32 pages.
+    before = _rss_anon_mib()
+    pool = KVPool(4, 2048, 16, 4, 128, torch.float32, torch.device("cpu"))
+    assert _rss_anon_mib() - before < 32  # torch.zeros would have committed all 256 MiB here
+    loc = torch.arange(16 * 64, dtype=torch.int64)  # 64 pages of every layer: 16 MiB in all
+    for layer in range(4):
+        pool.store(layer, loc, torch.ones(len(loc), 4, 128), torch.ones(len(loc), 4, 128))
+    grown = _rss_anon_mib() - before
+    assert 16 <= grown < 80, grown
+    assert all(float(t.sum()) == len(loc) * 4 * 128 for t in pool.k + pool.v)  # the rest still reads zero
+
+
+def test_zeroed_buffers_are_zero_separate_and_contiguous() -> None:
+    for dtype in (torch.float32, torch.bfloat16, torch.float8_e4m3fn):
+        buffers = zeroed_buffers(3, (40, 2, 8), dtype, torch.device("cpu"))
+        assert [tuple(b.shape) for b in buffers] == [(40, 2, 8)] * 3
+        assert all(b.dtype == dtype and b.is_contiguous() for b in buffers)
+        assert all(not b.view(torch.uint8).any() for b in buffers)
+        buffers[1].view(torch.uint8).fill_(7)
+        assert not buffers[0].view(torch.uint8).any() and not buffers[2].view(torch.uint8).any()
+    assert zeroed_buffers(2, (0, 4), torch.float32, torch.device("cpu"))[1].shape == (0, 4)
+
+
+def test_latent_pool_reads_zero_and_stores() -> None:
+    pool = LatentPool(2, 8, 4, 16, 8, torch.float32, torch.device("cpu"))
+    assert not any(bool(t.any()) for t in pool.latent)
+    pool.store_latent(1, torch.tensor([3]), torch.ones(1, 24))
+    assert float(pool.latent[1].sum()) == 24 and float(pool.latent[0].sum()) == 0
+    assert pool.k[1].data_ptr() == pool.latent[1].data_ptr()
