@@ -1,11 +1,17 @@
-"""The KV pool in host memory is committed page by page as requests write it, not at start-up."""
+"""What a CPU server's processes hold: the KV pool in host memory is committed page by page as
+requests write it, not at start-up; a CPU engine never imports triton (~50 MB mapped)."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
 from minisgl.kvcache.latent_pool import LatentPool
 from minisgl.kvcache.pool import KVPool, zeroed_buffers
+from tests.tiny_models import make_tiny_model
 
 
 def _rss_anon_mib() -> float:
@@ -46,3 +52,18 @@ def test_latent_pool_reads_zero_and_stores() -> None:
     pool.store_latent(1, torch.tensor([3]), torch.ones(1, 24))
     assert float(pool.latent[1].sum()) == 24 and float(pool.latent[0].sum()) == 0
     assert pool.k[1].data_ptr() == pool.latent[1].data_ptr()
+
+
+def test_cpu_engine_imports_no_triton(tmp_path: Path) -> None:
+    make_tiny_model("llama", tmp_path)  # here: transformers imports triton itself
+    code = (
+        "import sys\n"
+        "from minisgl import LLM, SamplingParams\n"
+        f"llm = LLM({str(tmp_path)!r}, device='cpu', dtype='float32', num_pages=64, max_running_requests=4)\n"
+        "out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)\n"
+        "assert len(out[0].outputs[0].token_ids) == 4\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('triton', 'transformers')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
