@@ -67,3 +67,18 @@ def test_cpu_engine_imports_no_triton(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_cpu_platform_returns_freed_heap_when_idle() -> None:
+    from minisgl.platform.cpu import CpuPlatform, _malloc_trim
+
+    assert _malloc_trim() is not None  # glibc (the CI's and this project's machines)
+    big = torch.ones(20 << 18)  # 20 MiB, mmapped and freed: malloc's mmap threshold rises past 10 MiB
+    del big
+    held = [torch.ones(10 << 18) for _ in range(24)]  # 24 x 10 MiB, now from the heap
+    keep = held.pop()  # the top chunk stays in use, so freeing the rest cannot shrink the heap's end
+    held.clear()
+    before = _rss_anon_mib()
+    CpuPlatform().release_idle_memory()
+    assert before - _rss_anon_mib() > 150, (before, _rss_anon_mib())
+    assert float(keep[0]) == 1.0
