@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from minisgl.kvcache.pool import KVPool
+from minisgl.kvcache.pool import KVPool, zeroed_buffers
 
 
 class LatentPool(KVPool):
@@ -47,7 +47,7 @@ class LatentPool(KVPool):
         self.v_scale = [1.0] * num_layers
         self.observed = None
         num_slots = (num_pages + 1) * page_size
-        self.latent = [torch.zeros(num_slots, self.head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.latent = zeroed_buffers(num_layers, (num_slots, self.head_dim), dtype, device)
         self.k = [buf.view(num_slots, 1, self.head_dim) for buf in self.latent]
         self.v = self.k
 

@@ -1,10 +1,29 @@
 from __future__ import annotations
 
+import mmap
+
 import torch
 
 # KV cache element types beside the model's own dtype: `--kv-cache-dtype` names -> torch dtypes.
 KV_CACHE_DTYPES: dict[str, torch.dtype] = {"fp8_e4m3": torch.float8_e4m3fn}
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
+
+
+def zeroed_buffers(count: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+    """`count` zero tensors of `shape`. In host memory they are views of one anonymous mapping,
+    whose pages the kernel supplies (zeroed) on first write: a page of the pool costs memory only
+    once a request writes it, so an idle or lightly used server does not hold the whole pool
+    (torch.zeros would write, and so commit, every byte at start-up)."""
+    if torch.device(device).type != "cpu":
+        return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(count)]
+    per_buffer = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    if count * per_buffer == 0:
+        return [torch.zeros(shape, dtype=dtype) for _ in range(count)]
+    # Private (Python's default for an anonymous map is shared memory, which forked children
+    # would share); the tensor keeps the mapping alive (frombuffer holds a reference to it).
+    mapping = mmap.mmap(-1, count * per_buffer, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    flat = torch.frombuffer(mapping, dtype=torch.uint8)
+    return list(flat.view(dtype).view(count, *shape).unbind(0))
 
 
 class KVPool:
@@ -44,8 +63,8 @@ class KVPool:
         # While set (engine/kv_scales.py calibrating): each layer's largest |k| and |v| stored.
         self.observed: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
         num_slots = (num_pages + 1) * page_size
-        self.k = [torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        buffers = zeroed_buffers(2 * num_layers, (num_slots, num_kv_heads, head_dim), dtype, device)
+        self.k, self.v = buffers[:num_layers], buffers[num_layers:]
 
     @property
     def scratch_slot(self) -> int:

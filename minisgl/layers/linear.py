@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import all_reduce, divide, get_tp_info
-from minisgl.kernels import gemm
 from minisgl.kernels.impl import resolve_impl
 from minisgl.platform import current
 
@@ -53,8 +52,11 @@ def add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, s
     """residual += x @ weight.T, in place (no bias, one rank), in the GEMM's epilogue: with
     `splitk` (a layer's choice, made once) the split-K kernel where the measured table says it
     pays for this shape and row count, else cuBLAS's beta = 1. Returns `residual`."""
-    if splitk and gemm.pays(x, weight):
-        return gemm.splitk_gemm(x, weight, residual=residual, out=residual)
+    if splitk:
+        from minisgl.kernels import gemm  # here: it imports triton, which a CPU process never needs
+
+        if gemm.pays(x, weight):
+            return gemm.splitk_gemm(x, weight, residual=residual, out=residual)
     return residual.addmm_(x, weight.t())
 
 

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import json
 import math
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -13,6 +15,22 @@ from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rope_yarn import yarn_inv_freq
 
 RotaryFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+# One cos/sin table per distinct rope and device, shared by the layers that rotate alike (every
+# layer of a model, as a rule): SmolLM2's 30 layers held 30 copies of its 8192-position table,
+# 60 MB. Weak values: a table lives as long as a layer holds its cos/sin views.
+_TABLES: weakref.WeakValueDictionary[tuple[Any, ...], torch.Tensor] = weakref.WeakValueDictionary()
+
+
+def _cos_sin(rotary_dim: int, max_positions: int, base: float, scaling: dict[str, Any] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 cos and sin tables (`_angles`' rows, times its factor) on the default device."""
+    key = (rotary_dim, max_positions, base, json.dumps(scaling, sort_keys=True, default=str), str(torch.get_default_device()))
+    table = _TABLES.get(key)
+    if table is None:
+        freqs, attn_factor = _angles(rotary_dim, max_positions, base, scaling)
+        table = torch.stack([freqs.cos() * attn_factor, freqs.sin() * attn_factor])
+        _TABLES[key] = table
+    return table[0], table[1]
 
 
 def _inv_freq(head_dim: int, base: float, scaling: dict[str, Any] | None) -> tuple[torch.Tensor, float]:
@@ -113,12 +131,12 @@ class RotaryEmbedding(nn.Module):
         self.rotary_dim = head_dim if rotary_dim is None else rotary_dim
         self.partial = self.rotary_dim < head_dim
         assert self.rotary_dim % 2 == 0 and 0 < self.rotary_dim <= head_dim, (self.rotary_dim, head_dim)
-        freqs, attn_factor = _angles(self.rotary_dim, max_positions, base, scaling)
+        cos, sin = _cos_sin(self.rotary_dim, max_positions, base, scaling)
         # The table stays fp32 (a buffer, not a parameter) and is cast at use.
         self.cos: torch.Tensor
         self.sin: torch.Tensor
-        self.register_buffer("cos", freqs.cos() * attn_factor, persistent=False)
-        self.register_buffer("sin", freqs.sin() * attn_factor, persistent=False)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
         self.impl = resolve_impl(impl, self.cos.device) if not self.partial else "torch"
         self._rotary: RotaryFn = rotary_ref
         self._qk_norm_rotary: RotaryFn = qk_norm_rotary_ref

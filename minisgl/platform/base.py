@@ -53,6 +53,10 @@ class BasePlatform(ABC):
     def empty_cache(self) -> None:
         """Hand cached, unused device memory back (before the engine sizes its KV pool)."""
 
+    def release_idle_memory(self) -> None:
+        """Called when the scheduler goes idle: hand freed memory that the process's allocator
+        keeps back to the OS (no-op here; CPU: the C heap, where activations live)."""
+
     def offline_prefill_tokens(self) -> int:
         """Prefill tokens per step when an offline run (`LLM`, `bench offline`) sets none: the
         server keeps 8192 for latency; offline jobs only care about throughput."""

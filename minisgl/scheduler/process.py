@@ -123,6 +123,7 @@ class SchedulerLoop:
             return [self.recv.decode(raw) for raw in frames[1:]]
         raws = self.recv.drain_raw()
         if not raws and not self.scheduler.has_work():
+            self.scheduler.engine.platform.release_idle_memory()
             raws = [self.recv.get_raw()] + self.recv.drain_raw()  # idle: block for work
         for queue in self.relay:
             queue.put_raw([_RELAY_HEADER, *raws])

@@ -121,7 +121,12 @@ def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -
     k.add_argument("--page-size", type=positive_int, default=defaults.page_size,
                    help="tokens per KV page (default: 16)")  # fmt: skip
     size = k.add_mutually_exclusive_group()
-    size.add_argument("--num-pages", type=positive_int, default=None, help="KV pool size in pages")
+    size.add_argument("--num-pages", type=positive_int, default=None,
+                      help="KV pool size in pages (default: what the device can spare, at most "
+                      "--max-running-requests full contexts: on CUDA 85%% of the free memory "
+                      "less 2 GiB, on CPU a quarter of the free memory up to 4 GiB, whose pages the OS "
+                      "supplies as requests first write them, so the server's memory grows with the KV "
+                      "it holds, not with the pool's size)")  # fmt: skip
     size.add_argument("--kv-cache-gb", type=positive_float, default=None, help="KV pool size in GiB")
     k.add_argument("--kv-cache-dtype", default=defaults.kv_cache_dtype, choices=list(get_args(KVCacheDType)),
                    help="KV cache element type: auto = the model dtype; fp8_e4m3 = float8 pages with the "

@@ -13,6 +13,8 @@ same checks with the same messages. Nothing here imports zmq.
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from minisgl.core import SamplingParams
@@ -47,7 +49,36 @@ class Tokenized(NamedTuple):
     prompt_text: str | None  # the text the ids came from (templated for chats; None for ids)
 
 
+# `tokenizer_class` values of tokenizer_config.json that AutoTokenizer maps to transformers'
+# generic class over a tokenizer.json (TokenizersBackend; PreTrainedTokenizerFast is its old name).
+_GENERIC_TOKENIZER_CLASSES = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
+
+
+def generic_tokenizer_dir(model_dir: str) -> bool:
+    """Whether AutoTokenizer would load `model_dir`'s tokenizer as transformers' generic class
+    (a tokenizer.json, and tokenizer_config.json naming that class, as minisgl's GGUF tokenizer
+    directories do)."""
+    path = Path(model_dir)
+    if not (path / "tokenizer.json").is_file():
+        return False
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("tokenizer_class") in _GENERIC_TOKENIZER_CLASSES
+
+
 def load_hf_tokenizer(model_dir: str) -> Any:
+    """The model's Hugging Face tokenizer, as AutoTokenizer loads it. The generic class is
+    imported on its own: AutoTokenizer imports torch (~250 MB in the tokenizer process, which
+    needs none), the module of the generic class does not."""
+    if generic_tokenizer_dir(model_dir):
+        try:
+            from transformers.tokenization_utils_tokenizers import TokenizersBackend as generic
+        except ImportError:  # transformers 4: the same class under its old name
+            from transformers.tokenization_utils_fast import PreTrainedTokenizerFast as generic
+
+        return generic.from_pretrained(model_dir)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir)
