@@ -35,7 +35,7 @@ from collections.abc import Callable
 import torch
 
 from minisgl.kernels.moe import _tiling
-from minisgl.kernels.moe_ref import align_by_expert_ref, route_ref, route_scores_ref, topk_ids_ref
+from minisgl.kernels.moe_ref import align_by_expert_ref, route_ref, route_scores_ref, tied_rows_ref, topk_ids_ref
 from minisgl.kernels.moe_routing import align_tiles, num_tiles_bound, topk_route
 from minisgl.layers.moe import SparseMoeBlock
 
@@ -84,9 +84,7 @@ def check_ids(logits: torch.Tensor, top_k: int, softmax_first: bool, renormalize
     _, ref_ids = route_ref(logits, top_k, softmax_first, renormalize)
     rule = topk_ids_ref(logits, top_k)
     scores = route_scores_ref(logits, softmax_first).float()
-    # A tie (within two ulps of rounding) that can change the reference's ids: among its top k + 1.
-    top = torch.topk(scores, min(top_k + 1, scores.shape[1]), dim=-1).values
-    tied = ((top[:, :-1] - top[:, 1:]) <= top[:, :-1].abs() * 2.0**-22).any(dim=-1)
+    tied = tied_rows_ref(scores, top_k)  # the reference may order (or pick) these its own way
     differ = (ids != ref_ids).any(dim=-1)
     broken = (ids != rule).any(dim=-1) | (differ & ~tied)
     print(f"  ids on {name}: {logits.shape[0]} rows, {int(tied.sum())} with tied scores, "
