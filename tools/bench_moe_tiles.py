@@ -5,10 +5,11 @@ decode steps of 64 and 256 sequences (4 and 16 rows per expert: 256 x 8 / 128), 
 mixed step (1024 tokens, 64 rows) and prefill chunks (4096 tokens; 16384, the H200's offline
 chunk: ~1000 rows per expert). Small tiles are timed up to 1024 tokens, large ones from 1024.
 
-Why: compiled for sm_90 without a GPU (tools/bench_moe_sass.py), the default prefill tile
-(BLOCK_M 64, 4 warps) spills ~528 B a thread of stack in gate_up (255 registers), BLOCK_M 32
-spills ~280 B; 8 warps at BLOCK_M 64 spill nothing (227 registers). Only a GPU can say which is
-faster. Each config's output is checked against the default's (equal within bf16 rounding).
+Why: the GEMMs are most of a MoE layer's device time, and their tiles were chosen without a
+GPU. (Compiled for sm_90 as a launch specializes, tools/bench_moe_sass.py, none of these tilings
+spills; the 528 B of stack an earlier version of that tool reported came from a compile without
+the launch's alignment specialization.) Each config's output is checked against the default's
+(equal within bf16 rounding).
 Device time per call from CUDA-graph replays (decode replays graphs; at prefill sizes the host
 launches are hidden anyway). Ends with the fastest tiling per token count and its speedup over the
 default: the line to change in `moe._tiling`. < 90 s on an H200.
