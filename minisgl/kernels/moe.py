@@ -172,13 +172,25 @@ class _Tiling(NamedTuple):
     num_stages: int
 
 
+# 16-bit tilings by the expected rows per expert (pairs / experts): (at most that many, tiling),
+# the last for the rest. Decode runs a few rows per expert, where small tiles waste little on
+# padding. tools/bench_moe_tiles.py times the candidates at the issue-10 workload's sizes.
+_TILINGS: tuple[tuple[float, _Tiling], ...] = (
+    (16, _Tiling(16, 64, 64, num_warps=4, num_stages=3)),
+    (64, _Tiling(32, 64, 64, num_warps=4, num_stages=3)),
+    (float("inf"), _Tiling(64, 64, 64, num_warps=4, num_stages=2)),
+)
+
+
 def _tiling(num_pairs: int, num_experts: int, dtype: torch.dtype) -> _Tiling:
-    """Tile rows to the expected run per expert (decode: a few rows per expert, so small tiles
-    waste little on padding); fp32 halves BLOCK_K to keep the tiles' registers in budget."""
+    """The tiling for a launch: `_TILINGS`' row for its rows per expert. fp32 (a reference dtype)
+    keeps a narrow tile whatever the table says: BLOCK_K 32, 4 warps, BLOCK_M at most 64."""
     rows_per_expert = num_pairs / num_experts
-    block_m = 16 if rows_per_expert <= 16 else 32 if rows_per_expert <= 64 else 64
-    block_k = 32 if dtype == torch.float32 else 64
-    return _Tiling(block_m, 64, block_k, num_warps=4, num_stages=3 if block_m < 64 else 2)
+    tiling = next(tiling for most, tiling in _TILINGS if rows_per_expert <= most)
+    if dtype == torch.float32:
+        block_m = min(tiling.block_m, 64)
+        return _Tiling(block_m, 64, 32, num_warps=4, num_stages=3 if block_m < 64 else 2)
+    return tiling
 
 
 class ExpertWeights(NamedTuple):
