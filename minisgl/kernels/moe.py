@@ -172,25 +172,25 @@ class _Tiling(NamedTuple):
     num_stages: int
 
 
-# 16-bit tilings by the expected rows per expert (pairs / experts): (at most that many, tiling),
-# the last for the rest. Decode runs a few rows per expert, where small tiles waste little on
-# padding. tools/bench_moe_tiles.py times the candidates at the issue-10 workload's sizes.
-_TILINGS: tuple[tuple[float, _Tiling], ...] = (
+# Tilings by the expected rows per expert (pairs / experts): (at most that many, tiling), the last
+# for the rest. Decode runs a few rows per expert, where small tiles waste little on padding.
+# _TILINGS: dense 16-bit weights, timed by tools/bench_moe_tiles.py at the issue-10 workload's
+# sizes. _NARROW: MXFP4 (each weight tile dequantized to fp32 in registers) and, with BLOCK_K 32,
+# fp32 (a reference dtype): tiles known to fit, kept whatever the timing of the dense ones says.
+_NARROW: tuple[tuple[float, _Tiling], ...] = (
     (16, _Tiling(16, 64, 64, num_warps=4, num_stages=3)),
     (64, _Tiling(32, 64, 64, num_warps=4, num_stages=3)),
     (float("inf"), _Tiling(64, 64, 64, num_warps=4, num_stages=2)),
 )
+_TILINGS: tuple[tuple[float, _Tiling], ...] = _NARROW
 
 
-def _tiling(num_pairs: int, num_experts: int, dtype: torch.dtype) -> _Tiling:
-    """The tiling for a launch: `_TILINGS`' row for its rows per expert. fp32 (a reference dtype)
-    keeps a narrow tile whatever the table says: BLOCK_K 32, 4 warps, BLOCK_M at most 64."""
+def _tiling(num_pairs: int, num_experts: int, dtype: torch.dtype, mxfp4: bool = False) -> _Tiling:
+    """The tiling of a launch: the row of its table for its rows per expert."""
     rows_per_expert = num_pairs / num_experts
-    tiling = next(tiling for most, tiling in _TILINGS if rows_per_expert <= most)
-    if dtype == torch.float32:
-        block_m = min(tiling.block_m, 64)
-        return _Tiling(block_m, 64, 32, num_warps=4, num_stages=3 if block_m < 64 else 2)
-    return tiling
+    table = _NARROW if mxfp4 or dtype == torch.float32 else _TILINGS
+    tiling = next(tiling for most, tiling in table if rows_per_expert <= most)
+    return tiling._replace(block_k=32) if dtype == torch.float32 else tiling
 
 
 class ExpertWeights(NamedTuple):
@@ -236,7 +236,7 @@ def run_experts(
     out_pairs = torch.empty(num_pairs, hidden_size, dtype=hidden.dtype, device=hidden.device)
     if num_pairs == 0:
         return out_pairs.view(num_tokens, hidden_size)
-    tiling = tiling or _tiling(num_pairs, num_experts, hidden.dtype)
+    tiling = tiling or _tiling(num_pairs, num_experts, hidden.dtype, w13.mxfp4)
     tiles = align_by_expert(topk_ids, num_experts, tiling.block_m)
     num_tiles = tiles.tile_expert.numel()
     # fp32 checks parity with HF: no TF32 rounding of the GEMM inputs.

@@ -192,21 +192,21 @@ def test_explicit_tiling_matches_default() -> None:
 
 
 def test_tiling_table() -> None:
-    """`_tiling` reads `_TILINGS` by rows per expert (bounds rising, the last unbounded); fp32 keeps
-    its narrow tile (BLOCK_K 32, 4 warps, BLOCK_M at most 64) whatever the 16-bit table says."""
-    from minisgl.kernels.moe import _tiling
+    """`_tiling` reads its table by rows per expert (bounds rising, the last unbounded): `_TILINGS`
+    for dense 16-bit weights, `_NARROW` for MXFP4, and `_NARROW` at BLOCK_K 32 for fp32."""
+    from minisgl.kernels.moe import _NARROW, _tiling
 
-    bounds = [most for most, _ in _TILINGS]
-    assert bounds == sorted(bounds) and bounds[-1] == float("inf")
-    previous = 0.0
-    for most, tiling in _TILINGS:
-        for rows in {previous + 1, min(most, 4 * previous + 64)}:
-            assert _tiling(int(rows * 128), 128, torch.bfloat16) == tiling
-            assert _tiling(int(rows * 128), 128, torch.float16) == tiling
-            narrow = _tiling(int(rows * 128), 128, torch.float32)
-            assert (narrow.block_m, narrow.block_n, narrow.block_k, narrow.num_warps) == (
-                min(tiling.block_m, 64), 64, 32, 4)  # fmt: skip
-        previous = most
+    for table in (_TILINGS, _NARROW):
+        bounds = [most for most, _ in table]
+        assert bounds == sorted(bounds) and bounds[-1] == float("inf")
+    for table, dtype, mxfp4, block_k in ((_TILINGS, torch.bfloat16, False, None), (_TILINGS, torch.float16, False, None),
+                                         (_NARROW, torch.bfloat16, True, None), (_NARROW, torch.float32, False, 32)):  # fmt: skip
+        previous = 0.0
+        for most, tiling in table:
+            for rows in {previous + 1, min(most, 4 * previous + 64)}:
+                expected = tiling._replace(block_k=block_k) if block_k else tiling
+                assert _tiling(int(rows * 128), 128, dtype, mxfp4) == expected
+            previous = most
 
 
 @pytest.mark.parametrize("tiling", [tiling for _, tiling in _TILINGS], ids=str)
