@@ -172,13 +172,25 @@ class _Tiling(NamedTuple):
     num_stages: int
 
 
-def _tiling(num_pairs: int, num_experts: int, dtype: torch.dtype) -> _Tiling:
-    """Tile rows to the expected run per expert (decode: a few rows per expert, so small tiles
-    waste little on padding); fp32 halves BLOCK_K to keep the tiles' registers in budget."""
+# Tilings by the expected rows per expert (pairs / experts): (at most that many, tiling), the last
+# for the rest. Decode runs a few rows per expert, where small tiles waste little on padding.
+# _TILINGS: dense 16-bit weights, timed by tools/bench_moe_tiles.py at the issue-10 workload's
+# sizes. _NARROW: MXFP4 (each weight tile dequantized to fp32 in registers) and, with BLOCK_K 32,
+# fp32 (a reference dtype): tiles known to fit, kept whatever the timing of the dense ones says.
+_NARROW: tuple[tuple[float, _Tiling], ...] = (
+    (16, _Tiling(16, 64, 64, num_warps=4, num_stages=3)),
+    (64, _Tiling(32, 64, 64, num_warps=4, num_stages=3)),
+    (float("inf"), _Tiling(64, 64, 64, num_warps=4, num_stages=2)),
+)
+_TILINGS: tuple[tuple[float, _Tiling], ...] = _NARROW
+
+
+def _tiling(num_pairs: int, num_experts: int, dtype: torch.dtype, mxfp4: bool = False) -> _Tiling:
+    """The tiling of a launch: the row of its table for its rows per expert."""
     rows_per_expert = num_pairs / num_experts
-    block_m = 16 if rows_per_expert <= 16 else 32 if rows_per_expert <= 64 else 64
-    block_k = 32 if dtype == torch.float32 else 64
-    return _Tiling(block_m, 64, block_k, num_warps=4, num_stages=3 if block_m < 64 else 2)
+    table = _NARROW if mxfp4 or dtype == torch.float32 else _TILINGS
+    tiling = next(tiling for most, tiling in table if rows_per_expert <= most)
+    return tiling._replace(block_k=32) if dtype == torch.float32 else tiling
 
 
 class ExpertWeights(NamedTuple):
@@ -224,7 +236,7 @@ def run_experts(
     out_pairs = torch.empty(num_pairs, hidden_size, dtype=hidden.dtype, device=hidden.device)
     if num_pairs == 0:
         return out_pairs.view(num_tokens, hidden_size)
-    tiling = tiling or _tiling(num_pairs, num_experts, hidden.dtype)
+    tiling = tiling or _tiling(num_pairs, num_experts, hidden.dtype, w13.mxfp4)
     tiles = align_by_expert(topk_ids, num_experts, tiling.block_m)
     num_tiles = tiles.tile_expert.numel()
     # fp32 checks parity with HF: no TF32 rounding of the GEMM inputs.

@@ -57,6 +57,27 @@ def route_ref(
     return torch.softmax(top, dim=-1, dtype=top.dtype), ids
 
 
+def topk_ids_ref(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The ids of `moe_routing.topk_route`, exactly and on any device: the top k logits, best
+    first, equal logits to the lower expert id (a stable descending sort). `route_ref`'s
+    torch.topk leaves the order of ties unspecified (on CUDA it differs from this), and with
+    `softmax_first` it ranks the rounded probabilities, which can tie where the logits do not."""
+    return torch.sort(logits.float(), dim=-1, descending=True, stable=True).indices[:, :top_k]
+
+
+def route_scores_ref(logits: torch.Tensor, softmax_first: bool) -> torch.Tensor:
+    """What `route_ref` ranks: the fp32 softmax over all experts, or the logits themselves."""
+    return torch.softmax(logits, dim=-1, dtype=torch.float32) if softmax_first else logits
+
+
+def tied_rows_ref(scores: torch.Tensor, top_k: int) -> torch.Tensor:
+    """[T] bool: the rows whose top-k ids `scores` (`route_scores_ref`) do not settle, two of
+    their top k + 1 within rounding (2^-21 relative: a few fp32 ulps, what exp's rounding on a
+    device can reorder). There any valid top k may be returned, in either order of the tie."""
+    top = torch.topk(scores.float(), min(top_k + 1, scores.shape[-1]), dim=-1).values
+    return ((top[:, :-1] - top[:, 1:]) <= top[:, :-1].abs() * 2.0**-21).any(dim=-1)
+
+
 def align_by_expert_ref(
     topk_ids: torch.Tensor, num_experts: int, block_m: int, num_tiles: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip

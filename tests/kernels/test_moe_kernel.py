@@ -4,7 +4,7 @@ implementation.
 Without CUDA the kernels run in Triton's interpreter on small shapes (the unmarked tests, a few
 seconds in all; fp32 and fp16: the interpreter mis-rounds bf16). The `gpu` tests sweep token
 counts 1..4096 and up to 128 experts at Qwen3-30B-A3B's expert shape in bf16, and replay the
-kernel from a CUDA graph.
+kernel from a CUDA graph; each row of `moe._TILINGS` runs at a token count it is picked for.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 # Without CUDA, tests/conftest.py has put triton in interpreter mode before this import.
 
-from minisgl.kernels.moe import _gate_up_kernel, align_by_expert, fused_moe  # noqa: E402
+from minisgl.kernels.moe import _TILINGS, _gate_up_kernel, _Tiling, align_by_expert, fused_moe  # noqa: E402
 from minisgl.kernels.moe_ref import moe_ref  # noqa: E402
 from minisgl.layers.moe import SparseMoeBlock, TopKRouter, select_moe_impl  # noqa: E402
 
@@ -189,3 +189,47 @@ def test_explicit_tiling_matches_default() -> None:
     assert _tiling(42, 8, torch.float32).block_m == 16
     out = run_experts(x, dense_weights(w13), dense_weights(w2), weights, ids, tiling=_Tiling(32, 32, 32, 4, 2))
     torch.testing.assert_close(out, moe_ref(x, w13, w2, weights, ids), atol=1e-5, rtol=1e-5)
+
+
+def test_tiling_table() -> None:
+    """`_tiling` reads its table by rows per expert (bounds rising, the last unbounded): `_TILINGS`
+    for dense 16-bit weights, `_NARROW` for MXFP4, and `_NARROW` at BLOCK_K 32 for fp32."""
+    from minisgl.kernels.moe import _NARROW, _tiling
+
+    for table in (_TILINGS, _NARROW):
+        bounds = [most for most, _ in table]
+        assert bounds == sorted(bounds) and bounds[-1] == float("inf")
+    for table, dtype, mxfp4, block_k in ((_TILINGS, torch.bfloat16, False, None), (_TILINGS, torch.float16, False, None),
+                                         (_NARROW, torch.bfloat16, True, None), (_NARROW, torch.float32, False, 32)):  # fmt: skip
+        previous = 0.0
+        for most, tiling in table:
+            for rows in {previous + 1, min(most, 4 * previous + 64)}:
+                expected = tiling._replace(block_k=block_k) if block_k else tiling
+                assert _tiling(int(rows * 128), 128, dtype, mxfp4) == expected
+            previous = most
+
+
+@pytest.mark.parametrize("tiling", [tiling for _, tiling in _TILINGS], ids=str)
+def test_every_table_tiling_matches_ref(tiling: _Tiling) -> None:
+    """Each 16-bit tiling of `_TILINGS` (fp16 here; the interpreter mis-rounds bf16), on ragged
+    dims and skewed routing, equals the reference."""
+    from minisgl.kernels.moe import dense_weights, run_experts
+
+    x, w13, w2, weights, ids = _case(37, 8, 2, 96, 48, torch.float16, skew=True)
+    out = run_experts(x, dense_weights(w13), dense_weights(w2), weights, ids, tiling=tiling)
+    atol, rtol = TOLERANCE[torch.float16]
+    torch.testing.assert_close(out, moe_ref(x, w13, w2, weights, ids), atol=atol, rtol=rtol)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("row", range(len(_TILINGS)))
+def test_gpu_table_tilings_at_their_sizes(row: int) -> None:
+    """Each row of `_TILINGS` at Qwen3-30B-A3B's shape in bf16, at a token count it is picked for
+    (up to 8192 tokens: 512 rows per expert), through the default path and equal to the reference."""
+    from minisgl.kernels.moe import _tiling
+
+    most, tiling = _TILINGS[row]
+    tokens = int(min(most, 512) * 128 / 8)
+    assert _tiling(tokens * 8, 128, torch.bfloat16) == tiling
+    _check(tokens, 128, 8, *QWEN3_30B, torch.bfloat16)
