@@ -17,6 +17,8 @@ The device call (one H200, ~7 min; the tool, the fp8kv phase's three engine runs
       --dummy-weights --num-seqs 1 --min-input 128 --max-input 128 --min-output 1024 --max-output 1024
 
 Research tool, not product code (the routes are `decode_attention(fp8_route=...)`).
+
+Findings: docs/performance.md, "Float8 KV decode" (and BENCHMARKS.md, fourteenth session).
 """
 
 from __future__ import annotations

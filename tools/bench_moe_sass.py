@@ -12,6 +12,8 @@ memory), gate_up at BLOCK_M 64 and 4 warps at 255 registers spilling 528 B a thr
 tools/bench_moe_tiles.py times the tilings on the GPU.
 
     python tools/bench_moe_sass.py
+
+Findings: docs/performance.md, "Profiles of the large shapes" (the MoE tiles' registers and spills).
 """
 
 from __future__ import annotations
