@@ -22,14 +22,18 @@ Findings: docs/performance.md, "Profiles of the large shapes".
 from __future__ import annotations
 
 import argparse
-import statistics
+import os
+import sys
 import time
-from collections.abc import Callable
 
 import torch
 
 from minisgl.kernels.moe import _Tiling, _tiling, dense_weights, run_experts
 from minisgl.kernels.moe_routing import topk_route
+
+# The GEMM sweeps' graph timing (calls back to back in one CUDA graph, median of its replays).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sweep_gemm import graph_us
 
 # (block_m, block_n, block_k, warps, stages). vLLM's tuned H200 table for this shape (E=128,
 # N=768; its gate_up is one GEMM of 2N columns, so its BLOCK_N 256 is our 128) picks bm 16, bk 128
@@ -42,27 +46,6 @@ LARGE = [  # from 1024 tokens
     (64, 64, 64, 4, 2), (64, 64, 64, 8, 3), (64, 128, 64, 8, 3), (64, 64, 32, 4, 3), (128, 64, 64, 8, 3),
     (128, 128, 64, 8, 4),
 ]  # fmt: skip
-
-
-def time_us(call: Callable[[], object], repeats: int) -> float:
-    """Device us per call: `repeats` calls captured in one CUDA graph, median of 5 replays."""
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(repeats):
-            call()
-    graph.replay()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / repeats)
-    del graph
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -102,7 +85,7 @@ def main() -> None:
             try:
                 out = run_experts(x, gate_up, down, weights, ids, tiling=tiling)
                 torch.testing.assert_close(out, ref, atol=3e-2, rtol=3e-2)
-                us = time_us(lambda tiling=tiling: run_experts(x, gate_up, down, weights, ids, tiling=tiling), repeats)
+                us = graph_us([lambda tiling=tiling: run_experts(x, gate_up, down, weights, ids, tiling=tiling)] * repeats)
             except Exception as error:  # a config that does not compile (shared memory): report it, go on
                 print(f"  {config}: failed: {type(error).__name__}: {str(error)[:80]}")
                 continue
