@@ -333,13 +333,11 @@ class Engine:
             seq_lens, ext_lens, starts, out_loc_list + plan.table_slots,
         ], int32_tail=4)  # fmt: skip
         pos_t = table_pos[: len(positions)]
-        rope_rows_apart = False
         original = self.model_config.long_rope_from
         if original is not None and any(req.long_rope for req in plan.reqs):  # rotary rows, not positions
             spans = [(s, s + n) for req, s, n in zip(plan.reqs, starts, ext_lens) if req.long_rope]
             rope_rows = long_rope_rows(positions, spans, self.model_config.context_len, original)
             pos_t = upload(rope_rows, torch.int64, self.device)
-            rope_rows_apart = True
         if dst:
             # Tokens sampled by the step still in flight: read them on the device.
             assert prev is not None
@@ -349,7 +347,8 @@ class Engine:
                 ids_t = ids_t.clone()
                 ids_t[dst_t] = prev.tokens[src_t]
         self.token_table.index_put_((table_rows, table_pos), table_slots)
-        block = stacked([ids_t, pos_t, out_loc, rows_t]) if decode and not rope_rows_apart else None
+        # None where a part was uploaded apart (LongRoPE's rotary rows): `stacked` checks the memory.
+        block = stacked([ids_t, pos_t, out_loc, rows_t]) if decode else None
         batch = ForwardBatch(
             phase="decode" if decode else "extend",
             input_ids=ids_t,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from itertools import pairwise
 
 import torch
 
@@ -80,7 +81,7 @@ def stacked(views: list[torch.Tensor]) -> torch.Tensor | None:
     if any(v.dim() != 1 or v.numel() != n or v.dtype != dtype or v.stride(0) != 1 for v in views):
         return None
     size = first.element_size()
-    gaps = {(b.data_ptr() - a.data_ptr()) for a, b in zip(views, views[1:])}
+    gaps = {b.data_ptr() - a.data_ptr() for a, b in pairwise(views)}
     if len(gaps) != 1:
         return None
     gap = gaps.pop()

@@ -46,6 +46,8 @@ def test_stacked_views_consecutive_equal_parts_as_one_block() -> None:
     views[0][1] = 99  # a write through a part shows in the block
     assert block[0, 1].item() == 99
     assert stacked(views[3:]) is None  # lengths differ
+    apart = torch.tensor([4, 5, 6])  # uploaded on its own (LongRoPE's rotary rows)
+    assert stacked([views[0], apart, views[2], views[3]]) is None
     longer = upload_many(ring, torch.device("cpu"), [[1, 2], [3, 4, 5, 6, 7], [8, 9]])
     assert stacked([longer[0], longer[1][:2], longer[2]]) is None  # spacing differs
 
