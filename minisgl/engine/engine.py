@@ -215,15 +215,16 @@ class Engine:
         return KVPool(mc.num_layers, num_pages, cfg.page_size, kv_heads, mc.head_dim, kv_dtype, self.device, self.dtype)
 
     def _make_runner(self) -> "Runner":
-        from minisgl.engine.graph import EagerRunner, GraphRunner
+        from minisgl.engine.graph import EagerRunner, GraphRunner, graph_batch_sizes
 
         cfg = self.config
         max_bs = graph_capacity(cfg.cuda_graph_max_bs, cfg.max_running_requests, cfg.decode_entries_per_request)
         graphs_ok = type(self.attn_backend).init_graph_state is not BaseAttnBackend.init_graph_state
         # Not with LoRA: the graphs would capture one step's adapter segments.
         if self.platform.supports_graphs and max_bs > 0 and graphs_ok and self.task == "generate" and self.lora is None:
+            sizes = graph_batch_sizes(max_bs, cfg.max_running_requests, cfg.decode_entries_per_request)
             return GraphRunner(
-                self.model, self.attn_backend, self.token_table, max_bs,
+                self.model, self.attn_backend, self.token_table, sizes,
                 self.scratch_row, self.pool.scratch_slot, self.device,
             )
         return EagerRunner(self.model, self.attn_backend)

@@ -51,12 +51,27 @@ class EagerRunner:
         return self.model.compute_logits(hidden[batch.sample_idx]), pooled
 
 
-def graph_batch_sizes(max_bs: int) -> list[int]:
-    sizes = [bs for bs in (1, 2, 4, 8) if bs <= max_bs]
-    sizes += list(range(16, max_bs + 1, 16))
-    if sizes[-1] != max_bs:
-        sizes.append(max_bs)
-    return sizes
+def graph_batch_sizes(max_bs: int, max_requests: int | None = None, entries_per_request: int = 1) -> list[int]:
+    """The decode entry counts captured, up to `max_bs` (`graph_capacity`): 1, 2, 4, 8, then every 16.
+
+    With speculative decoding (`entries_per_request` = 1 + K) a step holds 1 + K entries for each
+    request that verifies proposals and 1 for each that has none: the ladder of request counts up
+    to `max_requests`, and each of its sizes times 1 + K, capped at `max_bs`. One request with
+    K = 4 captures [1, 5], not the ladder [1, 2, 4, 5]: its steps are 1 or 5 entries (fewer
+    proposals pad to 5), and on the H200 every graph of a process replays ~8 % slower once it holds
+    a fourth one (docs/speculative.md, "CUDA graphs")."""
+    def ladder(top: int) -> list[int]:
+        sizes = [bs for bs in (1, 2, 4, 8) if bs <= top]
+        sizes += list(range(16, top + 1, 16))
+        if sizes[-1] != top:
+            sizes.append(top)
+        return sizes
+
+    if entries_per_request == 1 or max_requests is None:
+        return ladder(max_bs)
+    requests = ladder(min(max_requests, max_bs))
+    verify = [r * entries_per_request for r in requests if r * entries_per_request <= max_bs]
+    return sorted(set(requests) | set(verify) | {max_bs})
 
 
 def graph_capacity(cuda_graph_max_bs: int, max_running_requests: int, entries_per_request: int = 1) -> int:
@@ -95,7 +110,7 @@ class GraphRunner:
         model: nn.Module,
         backend: BaseAttnBackend,
         token_table: torch.Tensor,
-        max_bs: int,
+        sizes: list[int],
         scratch_row: int,
         scratch_slot: int,
         device: torch.device,
@@ -104,8 +119,8 @@ class GraphRunner:
         self.model = model
         self.backend = backend
         self.token_table = token_table
-        self.max_bs = max_bs
-        self.sizes = graph_batch_sizes(max_bs)
+        self.sizes = sizes  # ascending (graph_batch_sizes)
+        self.max_bs = max_bs = sizes[-1]
         self.scratch_row = scratch_row
         self.scratch_slot = scratch_slot
         # Row `scratch_row` belongs to no request: the static rows start there, and its first slot

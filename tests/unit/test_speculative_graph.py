@@ -29,6 +29,30 @@ def test_graph_capacity_counts_verify_entries():
     assert graph_capacity(0, 8, 5) == 0  # graphs off
 
 
+def test_graph_sizes_follow_verify_rows():
+    """Plain engines take the ladder; a speculating one the request ladder and its multiples of
+    1 + K (one request with K = 4: the 1- and 5-entry steps only), always up to the capacity."""
+    assert graph_batch_sizes(40) == [1, 2, 4, 8, 16, 32, 40]
+    assert graph_batch_sizes(5) == [1, 2, 4, 5]
+    assert graph_batch_sizes(5, 1, 5) == [1, 5]
+    assert graph_batch_sizes(15, 3, 5) == [1, 2, 3, 5, 10, 15]
+    assert graph_batch_sizes(40, 8, 5) == [1, 2, 4, 5, 8, 10, 20, 40]
+    big = graph_batch_sizes(256, 256, 5)  # the plain ladder to 256, plus 5, 10, 20, 40, 80, 160, 240
+    assert set(graph_batch_sizes(256)) < set(big) and {5, 10, 20, 40, 80, 160, 240} < set(big)
+    assert big == sorted(big) and big[-1] == 256
+    assert graph_batch_sizes(7, 1, 8) == [1, 7]  # the flag's cap (7) below one verify row (9)
+    for sizes in (big, graph_batch_sizes(15, 3, 5)):  # any entry count up to the top replays
+        assert all(replay_size(sizes, _decode(bs)) >= bs for bs in range(1, sizes[-1] + 1))
+
+
+def _decode(bs: int) -> ForwardBatch:
+    ids = torch.zeros(bs, dtype=torch.int64)
+    lens = torch.ones(bs, dtype=torch.int32)
+    return ForwardBatch(phase="decode", input_ids=ids, positions=ids, out_loc=ids, rows=ids, seq_lens=lens,
+                        extend_lens=lens, extend_starts=lens, token_table=ids.view(bs, 1), seq_lens_cpu=[1] * bs,
+                        extend_lens_cpu=[1] * bs, sample_idx=ids)  # fmt: skip
+
+
 class _Recording:
     """Runs eagerly (CPU) and records the captured size each batch would replay (None: eager)."""
 
@@ -50,7 +74,8 @@ def test_verify_steps_take_the_graph_path(model_dir, running):
     cfg = llm.engine.config
     assert cfg.decode_entries_per_request == k + 1  # build_scheduler tells the engine a verify row's size
     # What Engine._make_runner captures on CUDA for this config.
-    sizes = graph_batch_sizes(graph_capacity(cfg.cuda_graph_max_bs, cfg.max_running_requests, cfg.decode_entries_per_request))
+    capacity = graph_capacity(cfg.cuda_graph_max_bs, cfg.max_running_requests, cfg.decode_entries_per_request)
+    sizes = graph_batch_sizes(capacity, cfg.max_running_requests, cfg.decode_entries_per_request)
     assert sizes[-1] == running * (k + 1)
     llm.scheduler.spec.proposer = FixedProposer()  # K proposals every step, whatever the model
     recording = _Recording(llm.engine.runner, sizes)
