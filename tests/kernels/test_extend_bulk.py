@@ -1,0 +1,186 @@
+"""The extend kernel's bulk path (whole key blocks before a query block with no mask) and its key
+sources (the token table, affine reads of a request whose slots are one run, TMA descriptors)
+against the torch reference, and `contiguous_bases`.
+
+Under TRITON_INTERPRET=1 without CUDA (tiny shapes, 16-wide blocks); the `gpu` test runs the
+long-prefill launches in bf16. Pools are NaN outside the requests' slots and runs sit between
+NaN gaps, so a read past a run, or of a slot no request owns, poisons the output.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+from minisgl.kernels.attention import extend_attention, is_interpreted
+from minisgl.kernels.attention.extend import contiguous_bases
+from minisgl.kernels.attention_ref import extend_attention_ref
+from tests.kernels.test_attention_kernels import DEVICE, TOLERANCE, assert_close
+
+pytestmark = pytest.mark.skipif(
+    DEVICE.type == "cpu" and not is_interpreted(),
+    reason="triton was imported in compiled mode before this module could select the interpreter",
+)
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"
+)
+
+# (prefix_lens, extend_lens): prefixes on and off the 16-key grid, a one-token extend, extends
+# over several query blocks, a request with no prefix.
+SHAPE = ([37, 0, 16, 70], [20, 45, 1, 33])
+
+
+@dataclass
+class RunCase:
+    args: tuple  # extend_attention's positional arguments (sm_scale last)
+    max_extend_len: int
+
+
+def run_case(
+    prefix_lens: list[int], extend_lens: list[int], runs: list[bool], num_heads: int, num_kv_heads: int,
+    head_dim: int, dtype: torch.dtype, cache_dtype: torch.dtype | None = None, seed: int = 0,
+) -> RunCase:  # fmt: skip
+    """Requests whose slots are one run (`runs[i]`, 5 NaN slots before and after) or scattered
+    one by one over the pool; cache in `cache_dtype` (default: `dtype`)."""
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    num_slots = sum(seq_lens) + 5 * (len(seq_lens) + 1) + 8
+    free = torch.randperm(num_slots, generator=gen).tolist()
+    taken: set[int] = set()
+    table = torch.full(
+        (len(seq_lens) + 1, max(seq_lens) + 16), num_slots - 1, dtype=torch.int32
+    )
+    next_run = 5
+    slot_lists = []
+    for seq_len, run in zip(seq_lens, runs):
+        if run:
+            slots = list(range(next_run, next_run + seq_len))
+            next_run += seq_len + 5
+        else:
+            slots = []
+        slot_lists.append(slots)
+        taken.update(slots)
+    spare = [s for s in free if s not in taken and s >= next_run]
+    for i, (seq_len, run) in enumerate(zip(seq_lens, runs)):
+        if not run:
+            slot_lists[i] = [spare.pop() for _ in range(seq_len)]
+    cache_dtype = cache_dtype or dtype
+    k_cache = torch.full((num_slots, num_kv_heads, head_dim), float("nan"))
+    v_cache = torch.full_like(k_cache, float("nan"))
+    rows = torch.randperm(len(seq_lens) + 1, generator=gen)[: len(seq_lens)]
+    for row, slots in zip(rows.tolist(), slot_lists):
+        index = torch.tensor(slots, dtype=torch.int64)
+        table[row, : len(slots)] = index.int()
+        k_cache[index] = torch.randn(len(slots), num_kv_heads, head_dim, generator=gen)
+        v_cache[index] = torch.randn(len(slots), num_kv_heads, head_dim, generator=gen)
+    q = torch.randn(sum(extend_lens), num_heads, head_dim, generator=gen).to(dtype)
+    starts = [sum(extend_lens[:i]) for i in range(len(seq_lens))]
+    args = (
+        q.to(DEVICE), k_cache.to(cache_dtype).to(DEVICE), v_cache.to(cache_dtype).to(DEVICE), table.to(DEVICE),
+        rows.to(DEVICE), torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        torch.tensor(extend_lens, dtype=torch.int32, device=DEVICE),
+        torch.tensor(starts, dtype=torch.int32, device=DEVICE), head_dim**-0.5,
+    )  # fmt: skip
+    return RunCase(args, max(extend_lens))
+
+
+def test_contiguous_bases() -> None:
+    case = run_case(
+        [5, 0, 40], [3, 1, 9], [True, True, False], 2, 1, 16, torch.float32, seed=1
+    )
+    table, rows, seq_lens = case.args[3], case.args[4], case.args[5]
+    bases = contiguous_bases(table, rows, seq_lens).tolist()
+    assert bases[0] == 5 and bases[1] == 5 + 8 + 5 and bases[2] == -1
+    # A run broken at its last position is not a run.
+    table[rows[0], 7] = 0
+    assert contiguous_bases(table, rows, seq_lens).tolist()[0] == -1
+
+
+@pytest.mark.parametrize("kv_load", ["gather", "run", "tma"])
+@pytest.mark.parametrize("pack", [False, True])
+def test_bulk_matches_ref(kv_load: str, pack: bool) -> None:
+    case = run_case(*SHAPE, [True, False, True, True], 4, 2, 16, torch.float32, seed=2)
+    out = extend_attention(*case.args, max_extend_len=case.max_extend_len, block_m=32 if pack else 16,
+                           block_n=16, pack=pack, bulk=True, kv_load=kv_load)  # fmt: skip
+    assert_close(out, extend_attention_ref(*case.args), torch.float32)
+
+
+@pytest.mark.parametrize("kv_load", ["gather", "tma"])
+def test_bulk_padded_head_dim_softcap_sinks(kv_load: str) -> None:
+    """D 24 pads to 32 (TMA cannot box it: the affine path instead), soft-capped, with sinks."""
+    case = run_case(*SHAPE, [True, True, False, True], 3, 1, 24, torch.float32, seed=3)
+    sinks = (torch.randn(3, generator=torch.Generator().manual_seed(4)) * 2.0).to(
+        DEVICE
+    )
+    out = extend_attention(*case.args, max_extend_len=case.max_extend_len, block_m=16, block_n=16, bulk=True,
+                           kv_load=kv_load, softcap=1.5, sinks=sinks)  # fmt: skip
+    assert_close(
+        out, extend_attention_ref(*case.args, softcap=1.5, sinks=sinks), torch.float32
+    )
+
+
+@pytest.mark.parametrize("kv_load", ["run", "tma"])
+def test_bulk_float8_cache(kv_load: str) -> None:
+    """A float8 cache with its scales: the bulk tiles are widened as the masked ones are."""
+    case = run_case(
+        *SHAPE,
+        [True, True, True, False],
+        4,
+        2,
+        16,
+        torch.float32,
+        torch.float8_e4m3fn,
+        seed=5,
+    )
+    q, k8, v8 = case.args[:3]
+    out = extend_attention(*case.args, max_extend_len=case.max_extend_len, block_m=16, block_n=16, bulk=True,
+                           kv_load=kv_load, k_scale=0.5, v_scale=2.0)  # fmt: skip
+    wide = (q, k8.float() * 0.5, v8.float() * 2.0, *case.args[3:])
+    assert_close(out, extend_attention_ref(*wide), torch.float32)
+
+
+def test_bulk_equals_masked_loop_and_rejects_windows() -> None:
+    """The bulk path and the masked loop give the same output (up to summation order), and bulk
+    refuses a sliding window (its unmasked blocks would show keys that slid out)."""
+    case = run_case(*SHAPE, [True, True, True, True], 4, 2, 16, torch.float32, seed=6)
+    kw = {"max_extend_len": case.max_extend_len, "block_m": 16, "block_n": 16}
+    masked = extend_attention(*case.args, **kw, bulk=False)
+    bulk = extend_attention(*case.args, **kw, bulk=True, kv_load="tma")
+    torch.testing.assert_close(
+        bulk, masked, atol=TOLERANCE[torch.float32], rtol=TOLERANCE[torch.float32]
+    )
+    with pytest.raises(ValueError, match="window"):
+        extend_attention(*case.args, **kw, bulk=True, window=8)
+    with pytest.raises(ValueError, match="kv_load"):
+        extend_attention(*case.args, **kw, bulk=True, kv_load="dense")
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("kv_load", ["gather", "run", "tma"])
+@pytest.mark.parametrize("launch", [(128, 64, 4, 3), (128, 128, 8, 2), (256, 64, 8, 2)])
+def test_bulk_gpu_long_launches(
+    kv_load: str, launch: tuple[int, int, int, int]
+) -> None:
+    """Qwen3-0.6B's heads in bf16 at the long-prefill tiles the sweep (tools/sweep_extend.py) tries."""
+    case = run_case(
+        [0, 1000, 3000],
+        [2000, 700, 129],
+        [True, False, True],
+        16,
+        8,
+        128,
+        torch.bfloat16,
+        seed=7,
+    )
+    block_m, block_n, warps, stages = launch
+    out = extend_attention(*case.args, max_extend_len=case.max_extend_len, block_m=block_m, block_n=block_n,
+                           num_warps=warps, num_stages=stages, pack=True, bulk=True, kv_load=kv_load)  # fmt: skip
+    assert_close(out, extend_attention_ref(*case.args), torch.bfloat16)
