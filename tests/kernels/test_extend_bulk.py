@@ -184,3 +184,61 @@ def test_bulk_gpu_long_launches(
     out = extend_attention(*case.args, max_extend_len=case.max_extend_len, block_m=block_m, block_n=block_n,
                            num_warps=warps, num_stages=stages, pack=True, bulk=True, kv_load=kv_load)  # fmt: skip
     assert_close(out, extend_attention_ref(*case.args), torch.bfloat16)
+
+
+@pytest.mark.parametrize("kv_load", ["gather", "tma"])
+def test_backend_passes_bases_once(monkeypatch: pytest.MonkeyPatch, kv_load: str) -> None:
+    """With a bulk launch as the default, TritonAttnBackend computes the bases once in prepare()
+    ("run" / "tma" only) and every layer kind (windowed ones fall back to the masked loop) still
+    equals the torch backend, mixed one-token rows included."""
+    import minisgl.kernels.attention.extend as extend_mod
+    from minisgl.attention.base import AttnLayerSpec
+    from minisgl.attention.batch import ForwardBatch
+    from minisgl.attention.torch_backend import TorchAttnBackend
+    from minisgl.attention.triton_backend import create_triton_backend
+    from minisgl.kernels.attention.extend import _ExtendConfig
+    from minisgl.kvcache.pool import KVPool
+
+    monkeypatch.setattr(extend_mod, "_extend_config", lambda *a, **k: _ExtendConfig(16, 16, 1, 1, True, True, kv_load))
+    specs = [AttnLayerSpec(), AttnLayerSpec(sliding_window=6), AttnLayerSpec(logit_cap=2.0)]
+    heads, kv_heads, head_dim, page = 4, 2, 16, 4
+    gen = torch.Generator().manual_seed(9)
+    pool = KVPool(len(specs), 256, page, kv_heads, head_dim, torch.float32, DEVICE)
+    for layer in range(len(specs)):
+        pool.k[layer].copy_(torch.randn(pool.k[layer].shape, generator=gen))
+        pool.v[layer].copy_(torch.randn(pool.v[layer].shape, generator=gen))
+    seq_lens, extend_lens = [50, 33, 7, 41], [20, 33, 1, 2]
+    table = torch.zeros(len(seq_lens), 64, dtype=torch.int32)
+    scattered = torch.randperm(400, generator=gen) + 600
+    for row in range(len(seq_lens)):  # rows 0 and 2: runs from slots 0 and 200; 1 and 3 scattered
+        table[row] = torch.arange(64) + row * 100 if row % 2 == 0 else scattered[row * 64 : (row + 1) * 64]
+    out_loc = torch.cat([table[r, s - e : s] for r, (s, e) in enumerate(zip(seq_lens, extend_lens))]).long()
+
+    def i32(xs: list[int]) -> torch.Tensor:
+        return torch.tensor(xs, dtype=torch.int32, device=DEVICE)
+
+    batch = ForwardBatch(
+        phase="extend", input_ids=torch.zeros(len(out_loc), dtype=torch.int64, device=DEVICE),
+        positions=torch.cat([torch.arange(s - e, s) for s, e in zip(seq_lens, extend_lens)]).to(DEVICE),
+        out_loc=out_loc.to(DEVICE), rows=torch.arange(len(seq_lens), device=DEVICE), seq_lens=i32(seq_lens),
+        extend_lens=i32(extend_lens), extend_starts=i32([sum(extend_lens[:i]) for i in range(len(seq_lens))]),
+        token_table=table.to(DEVICE), seq_lens_cpu=seq_lens, extend_lens_cpu=extend_lens,
+        sample_idx=torch.zeros(1, dtype=torch.int64, device=DEVICE),
+    )  # fmt: skip
+    q = torch.randn(len(out_loc), heads, head_dim, generator=gen).to(DEVICE)
+    kv = [torch.randn(len(out_loc), kv_heads, head_dim, generator=gen).to(DEVICE) for _ in range(2)]
+    outs = {}
+    backends = {"torch": TorchAttnBackend(pool, heads, kv_heads, head_dim, 0.3),
+                "triton": create_triton_backend(pool, heads, kv_heads, head_dim, 0.3)}  # fmt: skip
+    for name, backend in backends.items():
+        for layer, spec in enumerate(specs):
+            backend.configure_layer(layer, spec)
+        backend.prepare(batch)
+        if name == "triton":
+            bases = batch.attn_meta.kv_bases
+            # The mixed step's extend part: rows 0, 1 and 3 (row 2 extends by one token).
+            assert (bases is None) if kv_load == "gather" else bases.tolist() == [0, -1, -1]
+        outs[name] = [backend.forward(q, kv[0], kv[1], layer, batch).clone() for layer in range(len(specs))]
+        batch.attn_meta = None
+    for layer in range(len(specs)):
+        assert_close(outs["triton"][layer], outs["torch"][layer], torch.float32)

@@ -131,14 +131,14 @@ def _extend_kernel(
     full_end = prefix_len + m_start
     if BULK:
         bulk_end = full_end - full_end % BLOCK_N
-        base = -1
+        run_base = -1
         if KV_LOAD != 0:
-            base = tl.load(kv_bases_ptr + req)
-        if base >= 0:
+            run_base = tl.load(kv_bases_ptr + req)
+        if run_base >= 0:  # a one-run request (never taken with KV_LOAD 0: -1 is a constant then)
             acc, m_i, l_i = _bulk_run(
-                acc, m_i, l_i, q, k_desc, v_desc, k_head_ptr, v_head_ptr, base, kv_head, bulk_end, offs_n, offs_d,
-                d_mask, stride_ks, stride_vs, qk_scale, cap_scale, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, SOFTCAP,
-                KV_LOAD,
+                acc, m_i, l_i, q, k_desc, v_desc, k_head_ptr, v_head_ptr, run_base, kv_head, bulk_end, offs_n,
+                offs_d, d_mask, stride_ks, stride_vs, qk_scale, cap_scale, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION,
+                SOFTCAP, KV_LOAD,
             )  # fmt: skip
         else:
             acc, m_i, l_i = _bulk_gather(
@@ -201,12 +201,14 @@ def _softmax_step(acc, m_i, l_i, q, k, v, qk_scale, cap_scale, PRECISION: tl.con
 
 
 @triton.jit
-def _load_rows(head_ptr, rows, stride, offs_d, d_mask, dtype, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Rows `rows` (int64 slots) of one KV head, widened to `dtype`; masked only on padded D."""
+def _load_rows(head_ptr, rows, stride, offs_d, d_mask, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows `rows` (int64 slots) of one KV head; masked only on a padded D."""
     ptrs = head_ptr + rows[:, None] * stride + offs_d[None, :]
     if BLOCK_D == HEAD_DIM:
-        return tl.load(ptrs).to(dtype)
-    return tl.load(ptrs, mask=d_mask[None, :], other=0.0).to(dtype)
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=d_mask[None, :], other=0.0)
+    return x
 
 
 @triton.jit
@@ -218,8 +220,8 @@ def _bulk_gather(
     """Keys [0, bulk_end) (whole blocks, all visible) read through the token table."""
     for start in range(0, bulk_end, BLOCK_N):
         slots = tl.load(table_row_ptr + start + offs_n).to(tl.int64)
-        k = _load_rows(k_head_ptr, slots, stride_ks, offs_d, d_mask, q.dtype, HEAD_DIM, BLOCK_D)
-        v = _load_rows(v_head_ptr, slots, stride_vs, offs_d, d_mask, q.dtype, HEAD_DIM, BLOCK_D)
+        k = _load_rows(k_head_ptr, slots, stride_ks, offs_d, d_mask, HEAD_DIM, BLOCK_D).to(q.dtype)
+        v = _load_rows(v_head_ptr, slots, stride_vs, offs_d, d_mask, HEAD_DIM, BLOCK_D).to(q.dtype)
         acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k, v, qk_scale, cap_scale, PRECISION, SOFTCAP)
     return acc, m_i, l_i
 
@@ -238,8 +240,8 @@ def _bulk_run(
             v = v_desc.load([base + start, kv_head * HEAD_DIM]).to(q.dtype)
         else:
             rows = (base + start + offs_n).to(tl.int64)
-            k = _load_rows(k_head_ptr, rows, stride_ks, offs_d, d_mask, q.dtype, HEAD_DIM, BLOCK_D)
-            v = _load_rows(v_head_ptr, rows, stride_vs, offs_d, d_mask, q.dtype, HEAD_DIM, BLOCK_D)
+            k = _load_rows(k_head_ptr, rows, stride_ks, offs_d, d_mask, HEAD_DIM, BLOCK_D).to(q.dtype)
+            v = _load_rows(v_head_ptr, rows, stride_vs, offs_d, d_mask, HEAD_DIM, BLOCK_D).to(q.dtype)
         acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k, v, qk_scale, cap_scale, PRECISION, SOFTCAP)
     return acc, m_i, l_i
 
@@ -256,13 +258,13 @@ def _run_bases_kernel(
     seq_len = tl.load(seq_lens_ptr + req)
     table_row_ptr = table_ptr + row * stride_table
     first = tl.load(table_row_ptr)
-    bad = 0
+    bad = tl.zeros([BLOCK], dtype=tl.int32)
     for start in range(0, seq_len, BLOCK):
         pos = start + tl.arange(0, BLOCK)
         inside = pos < seq_len
         slots = tl.load(table_row_ptr + pos, mask=inside, other=0)
-        bad += tl.sum((inside & (slots != first + pos)).to(tl.int32), 0)
-    tl.store(bases_ptr + req, tl.where(bad == 0, first, -1))
+        bad += (inside & (slots != first + pos)).to(tl.int32)
+    tl.store(bases_ptr + req, tl.where(tl.sum(bad, 0) == 0, first, -1))
 
 
 def contiguous_bases(token_table: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
@@ -313,6 +315,13 @@ def _extend_config(dtype: torch.dtype, head_dim: int, group: int = 1, max_seq_le
 
 
 _KV_LOADS = {"gather": 0, "run": 1, "tma": 2}
+
+
+def extend_reads_runs(dtype: torch.dtype, head_dim: int, group: int, max_seq_len: int | None) -> bool:
+    """Whether the default launch for these sequences reads one-run requests apart ("run" / "tma"),
+    so that a caller can compute `contiguous_bases` once for all layers and pass `kv_bases`."""
+    config = _extend_config(dtype, head_dim, group, max_seq_len)
+    return config.bulk and config.kv_load != "gather"
 
 
 def _descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, block_n: int, block_d: int) -> tuple[Any, Any]:
