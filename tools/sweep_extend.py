@@ -18,7 +18,10 @@ shape in <= 0.25 s, 8k in <= 0.035 s), in one GPU call. `python tools/sweep_exte
    requests were one slot run (what the "run" / "tma" key sources need).
 
 The last lines name the `_extend_config` long-sequence launch to make the default. Without CUDA,
-`--cpu-check` runs part 1 on tiny shapes under the Triton interpreter (the tool's own test).
+`--cpu-check` runs part 1 on tiny shapes under the Triton interpreter (the tool's own test), and
+`--sass` compiles every candidate for sm_90 with a launch's specialization (16-byte aligned
+pointers, strides multiples of 16) and prints registers, stack (spill) bytes, shared memory and
+the async / TMA copies of its loops (cuobjdump of the ptxas bundled with triton; ~2 min).
 
 Research tool, not product code. Findings: docs/performance.md, "Long prefill (issue 28; fifteenth
 session, h-prefill)".
@@ -54,9 +57,8 @@ TABLE_WIDTH = 40960
 REPS = 5
 # (block_m, block_n, warps, stages, pack); the first is today's long-sequence default.
 TILES = [
-    (128, 64, 4, 3, True), (128, 64, 8, 3, True), (128, 64, 8, 4, True), (128, 128, 8, 2, True),
-    (128, 128, 8, 3, True), (256, 64, 8, 2, True), (256, 64, 8, 3, True), (256, 128, 8, 2, True),
-    (128, 128, 8, 2, False), (64, 64, 4, 3, True),
+    (128, 64, 4, 3, True), (128, 64, 8, 2, True), (128, 64, 8, 3, True), (128, 64, 8, 4, True), (128, 32, 8, 3, True),
+    (128, 128, 8, 2, True), (128, 128, 8, 3, True), (128, 64, 8, 3, False), (64, 64, 4, 3, True), (256, 64, 8, 3, True),
 ]  # fmt: skip
 # (bulk, kv_load): today's masked loop, then the bulk path over each key source.
 MODES = [(False, "gather"), (True, "gather"), (True, "run"), (True, "tma")]
@@ -149,7 +151,8 @@ def _compile(index: int, shape: Shape) -> str:
 
 
 def precompile(shape: Shape, workers: int) -> dict[int, str]:
-    """Every candidate compiled in `workers` spawned processes; -> {index: error} for failures."""
+    """Every candidate compiled in `workers` spawned processes; -> {index: error} for failures
+    (which the parent tries again: a worker that cannot start only costs the parallel compile)."""
     errors: dict[int, str] = {}
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
@@ -192,8 +195,9 @@ def flops(prefix: int, new: int, hq: int, d: int) -> float:
 
 
 def kernel_grid(shape: Shape, cases: list[tuple[str, int, int]], dev: torch.device, timed: bool,
-                skip: dict[int, str]) -> dict[str, dict[Candidate, float]]:  # fmt: skip
-    """Part 1: {case: {candidate: ms}} (checked candidates only); prints each case best first."""
+                deadline: float = float("inf")) -> dict[str, dict[Candidate, float]]:  # fmt: skip
+    """Part 1: {case: {candidate: ms}} (checked candidates only); prints each case best first.
+    Past `deadline` (perf_counter) the remaining candidates are left out, and said so."""
     k, v = make_pool(shape, dev)
     results: dict[str, dict[Candidate, float]] = {}
     for name, prefix, new in cases:
@@ -202,8 +206,9 @@ def kernel_grid(shape: Shape, cases: list[tuple[str, int, int]], dev: torch.devi
         work = flops(prefix, new, shape.hq, shape.d)
         rows: dict[Candidate, float] = {}
         failed: list[str] = []
-        for i, cand in enumerate(CANDIDATES):
-            if i in skip:  # listed once, after the compile
+        for cand in CANDIDATES:
+            if time.perf_counter() > deadline:
+                failed.append(f"{cand.label}: not run (out of --budget)")
                 continue
             try:
                 ok, err = check(call(cand, k, v, case), ref)
@@ -313,20 +318,73 @@ def whole_model(leaders: list[Candidate]) -> None:
     extend_mod._extend_config = original
 
 
+def sass() -> None:
+    """--sass: each candidate compiled for sm_90 (no GPU), its resources from the cubin."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = extend_mod._extend_kernel
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    strides = ["stride_qt", "stride_qh", "stride_ks", "stride_kh", "stride_vs", "stride_vh", "stride_ot", "stride_oh",
+               "stride_table"]  # fmt: skip
+    for cand in CANDIDATES:
+        load = extend_mod._KV_LOADS[cand.kv_load] if cand.bulk else 0
+        desc = f"tensordesc<bf16[{cand.block_n},{D}]>" if load == 2 else "*bf16"
+        sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "table_ptr": "*i32",
+               "rows_ptr": "*i64", "seq_lens_ptr": "*i32", "extend_lens_ptr": "*i32", "extend_starts_ptr": "*i32",
+               "sinks_ptr": "*bf16", "kv_bases_ptr": "*i32" if load else "*i64", "k_desc": desc, "v_desc": desc,
+               "qk_scale": "fp32", "cap_scale": "fp32", "v_scale": "fp32", "window": "i32",
+               **{name: "i32" for name in strides}}  # fmt: skip
+        consts = {"GROUP": HQ // HKV, "HEAD_DIM": D, "BLOCK_D": D, "BLOCK_M": cand.block_m, "BLOCK_N": cand.block_n,
+                  "PRECISION": "tf32", "LAST_BLOCKS_FIRST": True, "PACK": cand.pack, "WINDOWED": False,
+                  "SOFTCAP": False, "SINKS": False, "BULK": cand.bulk, "KV_LOAD": load, "PDL": True}  # fmt: skip
+        names = fn.arg_names
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, kind in sig.items()
+                 if kind.startswith("*") or n.startswith("stride") or n == "window"}  # fmt: skip
+        try:
+            kernel = triton.compile(
+                ASTSource(fn, {**sig, **{n: "constexpr" for n in consts}}, constexprs=consts, attrs=attrs),
+                target=GPUTarget("cuda", 90, 32), options={"num_warps": cand.num_warps, "num_stages": cand.num_stages},
+            )  # fmt: skip
+        except Exception as exc:
+            print(f"  {cand.label:32} compile failed: {type(exc).__name__}")
+            continue
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+            cubin.write(kernel.asm["cubin"])
+            cubin.flush()
+            usage = subprocess.run([str(cuobjdump), "-res-usage", cubin.name], capture_output=True, text=True, check=False).stdout
+        found = (re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage))
+        regs, stack = (m.group(1) if m else "?" for m in found)
+        ttgir = kernel.asm["ttgir"]
+        print(f"  {cand.label:32} regs {regs:>3} stack {stack:>3} B "
+              f"shared {kernel.metadata.shared:>6} B async copies {ttgir.count('async_copy_global_to_local'):>2} "
+              f"TMA {ttgir.count('async_tma_copy_global_to_local')}", flush=True)  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=float, default=150.0, help="seconds for the whole call (part 2 needs ~50)")
     parser.add_argument("--workers", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)))
     parser.add_argument("--no-model", action="store_true", help="part 1 only")
     parser.add_argument("--cpu-check", action="store_true", help="part 1 on tiny shapes under the interpreter")
+    parser.add_argument("--sass", action="store_true", help="compile each candidate for sm_90 (no GPU), resources")
     args = parser.parse_args()
     start = time.perf_counter()
+    if args.sass:
+        sass()
+        return 0
     if args.cpu_check:
         global CANDIDATES
         CANDIDATES = [Candidate(16, 16, 1, 1, pack, *mode) for pack in (False, True) for mode in MODES]
         CANDIDATES += [Candidate(32, 16, 1, 1, True, True, "tma")]
         shape = Shape(4, 2, 16, 512, 64, torch.float32)
-        results = kernel_grid(shape, [("a", 0, 40), ("b", 37, 21)], torch.device("cpu"), False, {})
+        results = kernel_grid(shape, [("a", 0, 40), ("b", 37, 21)], torch.device("cpu"), False)
         assert all(len(rows) == len(CANDIDATES) for rows in results.values()), "a candidate failed"
         print("cpu check passed")
         return 0
@@ -334,11 +392,11 @@ def main() -> int:
         parser.error("needs a CUDA device (or --cpu-check)")
     dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()}; {len(CANDIDATES)} candidates, {args.workers} compile workers", flush=True)
-    skip = precompile(GPU_SHAPE, args.workers)
-    print(f"compiled in {time.perf_counter() - start:.1f} s ({len(skip)} failed)", flush=True)
-    for i, error in sorted(skip.items()):
-        print(f"  compile failed: {CANDIDATES[i].label}: {error}")
-    results = kernel_grid(GPU_SHAPE, CASES, dev, True, skip)
+    errors = precompile(GPU_SHAPE, args.workers)
+    print(f"compiled in {time.perf_counter() - start:.1f} s ({len(errors)} failed in the workers)", flush=True)
+    for i, error in sorted(errors.items()):  # the grid below tries them again and lists what fails there
+        print(f"  worker: {CANDIDATES[i].label}: {error}")
+    results = kernel_grid(GPU_SHAPE, CASES, dev, True, start + args.budget - 20)
     ranked = ranking(results)
     leaders = [c for c in ranked if c != CANDIDATES[0]][:2]
     if ranked:
