@@ -358,7 +358,8 @@ def sass() -> None:
         with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
             cubin.write(kernel.asm["cubin"])
             cubin.flush()
-            usage = subprocess.run([str(cuobjdump), "-res-usage", cubin.name], capture_output=True, text=True, check=False).stdout
+            dump = [str(cuobjdump), "-res-usage", cubin.name]
+            usage = subprocess.run(dump, capture_output=True, text=True, check=False).stdout
         found = (re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage))
         regs, stack = (m.group(1) if m else "?" for m in found)
         ttgir = kernel.asm["ttgir"]
