@@ -63,7 +63,6 @@ TILES = [
 # (bulk, kv_load): today's masked loop, then the bulk path over each key source.
 MODES = [(False, "gather"), (True, "gather"), (True, "run"), (True, "tma")]
 
-
 class Candidate(NamedTuple):
     block_m: int
     block_n: int

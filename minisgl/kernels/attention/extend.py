@@ -16,10 +16,10 @@ from minisgl.kernels.attention.common import (
     _SMALL_BLOCKS,
     _attend_block,
     _block_d,
+    _bulk_loop,
     _check_layout,
     _precision,
     _score_scales,
-    _tanh,
 )
 from minisgl.kernels.pdl import pdl_args
 
@@ -79,8 +79,8 @@ def _extend_kernel(
     running max starts at it and the running sum at its exp2(0) = 1, so it never adds a value.
 
     BULK (not with WINDOWED): the whole key blocks before the block's first query run with no
-    mask at all (`_bulk_gather` / `_bulk_run`); the partial block after them joins the diagonal
-    loop, which masks causally. KV_LOAD (with BULK): 0 reads every bulk key through the token
+    mask at all (`_bulk_loop`); the partial block after them joins the diagonal loop, which
+    masks causally. KV_LOAD (with BULK): 0 reads every bulk key through the token
     table; 1 and 2 read a request whose slots are one run (`kv_bases[req]` >= 0, its first slot;
     `contiguous_bases`) at affine addresses (1) or through the TMA descriptors k_desc / v_desc over
     the cache as [slots, Hkv * D] (2), and other requests through the table."""
@@ -135,15 +135,16 @@ def _extend_kernel(
         if KV_LOAD != 0:
             run_base = tl.load(kv_bases_ptr + req)
         if run_base >= 0:  # a one-run request (never taken with KV_LOAD 0: -1 is a constant then)
-            acc, m_i, l_i = _bulk_run(
-                acc, m_i, l_i, q, k_desc, v_desc, k_head_ptr, v_head_ptr, run_base, kv_head, bulk_end, offs_n,
-                offs_d, d_mask, stride_ks, stride_vs, qk_scale, cap_scale, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION,
-                SOFTCAP, KV_LOAD,
+            acc, m_i, l_i = _bulk_loop(
+                acc, m_i, l_i, q, k_desc, v_desc, k_head_ptr, v_head_ptr, table_row_ptr, run_base, kv_head,
+                bulk_end, offs_n, offs_d, d_mask, stride_ks, stride_vs, qk_scale, cap_scale, HEAD_DIM, BLOCK_D,
+                BLOCK_N, PRECISION, SOFTCAP, KV_LOAD,
             )  # fmt: skip
         else:
-            acc, m_i, l_i = _bulk_gather(
-                acc, m_i, l_i, q, k_head_ptr, v_head_ptr, table_row_ptr, bulk_end, offs_n, offs_d, d_mask,
-                stride_ks, stride_vs, qk_scale, cap_scale, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, SOFTCAP,
+            acc, m_i, l_i = _bulk_loop(
+                acc, m_i, l_i, q, k_desc, v_desc, k_head_ptr, v_head_ptr, table_row_ptr, 0, kv_head, bulk_end,
+                offs_n, offs_d, d_mask, stride_ks, stride_vs, qk_scale, cap_scale, HEAD_DIM, BLOCK_D, BLOCK_N,
+                PRECISION, SOFTCAP, 0,
             )  # fmt: skip
         diag_start = bulk_end
     else:
@@ -183,67 +184,6 @@ def _extend_kernel(
     o_ptrs = o_ptr + (q_start + offs_m)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
-
-
-@triton.jit
-def _softmax_step(acc, m_i, l_i, q, k, v, qk_scale, cap_scale, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr):
-    """`_attend_block`'s online-softmax step on a block whose every key is visible to every row
-    (k, v loaded, in q's dtype): no mask, and no -inf guard (the block's scores are finite)."""
-    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-    if SOFTCAP:
-        scores = _tanh(scores) * cap_scale
-    m_new = tl.maximum(m_i, tl.max(scores, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(scores - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    return acc, m_new, l_i
-
-
-@triton.jit
-def _load_rows(head_ptr, rows, stride, offs_d, d_mask, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Rows `rows` (int64 slots) of one KV head; masked only on a padded D."""
-    ptrs = head_ptr + rows[:, None] * stride + offs_d[None, :]
-    if BLOCK_D == HEAD_DIM:
-        x = tl.load(ptrs)
-    else:
-        x = tl.load(ptrs, mask=d_mask[None, :], other=0.0)
-    return x
-
-
-@triton.jit
-def _bulk_gather(
-    acc, m_i, l_i, q, k_head_ptr, v_head_ptr, table_row_ptr, bulk_end, offs_n, offs_d, d_mask, stride_ks,
-    stride_vs, qk_scale, cap_scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
-):  # fmt: skip
-    """Keys [0, bulk_end) (whole blocks, all visible) read through the token table."""
-    for start in range(0, bulk_end, BLOCK_N):
-        slots = tl.load(table_row_ptr + start + offs_n).to(tl.int64)
-        k = _load_rows(k_head_ptr, slots, stride_ks, offs_d, d_mask, HEAD_DIM, BLOCK_D).to(q.dtype)
-        v = _load_rows(v_head_ptr, slots, stride_vs, offs_d, d_mask, HEAD_DIM, BLOCK_D).to(q.dtype)
-        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k, v, qk_scale, cap_scale, PRECISION, SOFTCAP)
-    return acc, m_i, l_i
-
-
-@triton.jit
-def _bulk_run(
-    acc, m_i, l_i, q, k_desc, v_desc, k_head_ptr, v_head_ptr, base, kv_head, bulk_end, offs_n, offs_d, d_mask,
-    stride_ks, stride_vs, qk_scale, cap_scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr, KV_LOAD: tl.constexpr,
-):  # fmt: skip
-    """Keys [0, bulk_end) of a request whose slots are one run from `base`: no table reads;
-    KV_LOAD 2 loads each tile through the TMA descriptors, 1 at affine addresses."""
-    for start in range(0, bulk_end, BLOCK_N):
-        if KV_LOAD == 2:
-            k = k_desc.load([base + start, kv_head * HEAD_DIM]).to(q.dtype)
-            v = v_desc.load([base + start, kv_head * HEAD_DIM]).to(q.dtype)
-        else:
-            rows = (base + start + offs_n).to(tl.int64)
-            k = _load_rows(k_head_ptr, rows, stride_ks, offs_d, d_mask, HEAD_DIM, BLOCK_D).to(q.dtype)
-            v = _load_rows(v_head_ptr, rows, stride_vs, offs_d, d_mask, HEAD_DIM, BLOCK_D).to(q.dtype)
-        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k, v, qk_scale, cap_scale, PRECISION, SOFTCAP)
-    return acc, m_i, l_i
 
 
 @triton.jit
