@@ -141,6 +141,16 @@ if has prefill; then
     profile "prefill ${shape%:*} x ${shape#*:}" 150 prefill $Q06 --cache naive --num-seqs "${shape%:*}" \
         --min-input "${shape#*:}" --max-input "${shape#*:}"
 fi
+# prefill2: issue 28's long prefill, tools/sweep_extend.py: the extend kernel's long-sequence launches on
+# 32k / 16k+16k / 8k one-request chunks, then the whole 0.6B model's 8k and 32k prefill at 8k/16k/32k
+# chunks with the two best; PREFILL2_LIMIT s (default 150, the tool's --budget), output in prefill2.txt
+if has prefill2; then
+    p2=$(left "${PREFILL2_LIMIT:-150}") || p2=0
+    if [ "$DRY" = 1 ]; then echo "+ timeout ${PREFILL2_LIMIT:-150} python3 tools/sweep_extend.py --budget ${PREFILL2_LIMIT:-150}"
+    elif [ "$p2" -gt 0 ]; then
+        timeout "$p2" python3 tools/sweep_extend.py --budget "$p2" 2>&1 | tee "$OUT/prefill2.txt" | tail -150
+    else echo "(skipped, BUDGET=$BUDGET s spent: prefill2)"; fi
+fi
 if has tool; then
     [ -n "${TOOL:-}" ] || { echo "the tool phase needs TOOL=\"name.py [args]\""; exit 1; }
     # shellcheck disable=SC2086

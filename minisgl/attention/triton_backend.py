@@ -31,6 +31,7 @@ from minisgl.kernels.attention import (
     decode_num_splits,
     extend_attention,
 )
+from minisgl.kernels.attention.extend import contiguous_bases, extend_reads_runs
 from minisgl.kernels.store_kv import store_kv
 from minisgl.kvcache.pool import KVPool
 from minisgl.platform import current, pins_host_memory
@@ -67,6 +68,9 @@ class TritonExtendMeta:
     max_extend_len: int  # longest extend the extend kernel runs (sizes its grid); host-side lengths
     max_seq_len: int  # longest prefix + extend among them (picks the kernel's launch)
     split: MixedSplit | None = None  # set when some requests extend by one token
+    # Each extend request's first slot where its slots are one run, else -1 (`contiguous_bases`),
+    # once for every layer; None where the launch reads every key through the table.
+    kv_bases: torch.Tensor | None = None
 
 
 TritonAttnMeta = TritonExtendMeta | TritonDecodeMeta
@@ -130,6 +134,15 @@ class TritonAttnBackend(BaseAttnBackend):
         return TritonDecodeMeta(rows, seq_lens, order, DecodeLaunch(num_splits), mid_o, mid_lse)
 
     def _extend_meta(self, batch: ForwardBatch) -> TritonExtendMeta:
+        meta = self._extend_split(batch)
+        group = self.num_heads // self.num_kv_heads
+        if meta.max_extend_len and extend_reads_runs(self.pool.compute_dtype, self.head_dim, group, meta.max_seq_len):
+            split = meta.split
+            rows, seq_lens = (batch.rows, batch.seq_lens) if split is None else (split.rows, split.seq_lens)
+            meta.kv_bases = contiguous_bases(batch.token_table, rows, seq_lens)
+        return meta
+
+    def _extend_split(self, batch: ForwardBatch) -> TritonExtendMeta:
         lens = batch.extend_lens_cpu
         one = [i for i, n in enumerate(lens) if n == 1]
         if not one:
@@ -184,14 +197,16 @@ class TritonAttnBackend(BaseAttnBackend):
             return extend_attention(
                 q, k_cache, v_cache, batch.token_table, batch.rows, batch.seq_lens, batch.extend_lens,
                 batch.extend_starts, self.sm_scale, max_extend_len=meta.max_extend_len,
-                max_seq_len=meta.max_seq_len, window=window, softcap=softcap, sinks=sinks, **scales,
+                max_seq_len=meta.max_seq_len, window=window, softcap=softcap, sinks=sinks, kv_bases=meta.kv_bases,
+                **scales,
             )  # fmt: skip
         out = torch.empty_like(q)
         # The extend kernel writes only its requests' rows of `out`; the decode rows go in after.
         extend_attention(
             q, k_cache, v_cache, batch.token_table, split.rows, split.seq_lens, split.extend_lens,
             split.extend_starts, self.sm_scale, max_extend_len=meta.max_extend_len,
-            max_seq_len=meta.max_seq_len, out=out, window=window, softcap=softcap, sinks=sinks, **scales,
+            max_seq_len=meta.max_seq_len, out=out, window=window, softcap=softcap, sinks=sinks,
+            kv_bases=meta.kv_bases, **scales,
         )  # fmt: skip
         d = split.decode
         decoded = decode_attention(

@@ -1,6 +1,9 @@
 """What the extend and decode kernels share: the online-softmax step over one block of keys,
 the block and precision choices, the layout checks.
 
+The extend kernel's bulk path (`_bulk_loop`: whole key blocks every query of the block sees, with
+no mask, read through the table, at a run's affine slots or through TMA descriptors) is here too.
+
 Per layer, two compile-time switches change the step: SOFTCAP runs the scores through
 `cap * tanh(s / cap)` before softmax (Gemma 2), and the callers' WINDOWED masks keys that slid out
 of a sliding window (and skips the blocks wholly outside it). With both off the kernels compile to
@@ -73,6 +76,60 @@ def _attend_block(
         v = v * kv_mask.to(q.dtype)[:, None]
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, m_new, l_i
+
+
+@triton.jit
+def _softmax_pv(acc, m_i, l_i, dots, v, qk_scale, cap_scale, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr):
+    """`_attend_block`'s online-softmax step on a block whose every key is visible to every row,
+    from its raw q.k `dots` and v (q's dtype): no mask, and no -inf guard (the scores are finite)."""
+    scores = dots * qk_scale
+    if SOFTCAP:
+        scores = _tanh(scores) * cap_scale
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _bulk_tile(
+    start, desc, head_ptr, table_row_ptr, base, kv_head, offs_n, offs_d, d_mask, stride,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SOURCE: tl.constexpr,
+):  # fmt: skip
+    """Keys [start, start + BLOCK_N) of one KV head, all inside the sequence: SOURCE 0 through the
+    token table, 1 at slots base + pos, 2 through the TMA descriptor (the cache as [slots, Hkv * D])."""
+    if SOURCE == 2:
+        x = desc.load([base + start, kv_head * HEAD_DIM])
+    else:
+        if SOURCE == 1:
+            rows = (base + start + offs_n).to(tl.int64)
+        else:
+            rows = tl.load(table_row_ptr + start + offs_n).to(tl.int64)
+        ptrs = head_ptr + rows[:, None] * stride + offs_d[None, :]
+        if BLOCK_D == HEAD_DIM:
+            x = tl.load(ptrs)
+        else:
+            x = tl.load(ptrs, mask=d_mask[None, :], other=0.0)
+    return x
+
+
+@triton.jit
+def _bulk_loop(
+    acc, m_i, l_i, q, k_desc, v_desc, k_head_ptr, v_head_ptr, table_row_ptr, base, kv_head, bulk_end, offs_n,
+    offs_d, d_mask, stride_ks, stride_vs, qk_scale, cap_scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr, SOURCE: tl.constexpr,
+):  # fmt: skip
+    """Keys [0, bulk_end) (whole blocks, all visible), read from SOURCE (`_bulk_tile`)."""
+    for start in range(0, bulk_end, BLOCK_N):
+        k = _bulk_tile(start, k_desc, k_head_ptr, table_row_ptr, base, kv_head, offs_n, offs_d, d_mask, stride_ks,
+                       HEAD_DIM, BLOCK_D, SOURCE).to(q.dtype)  # fmt: skip
+        v = _bulk_tile(start, v_desc, v_head_ptr, table_row_ptr, base, kv_head, offs_n, offs_d, d_mask, stride_vs,
+                       HEAD_DIM, BLOCK_D, SOURCE).to(q.dtype)  # fmt: skip
+        dots = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, dots, v, qk_scale, cap_scale, PRECISION, SOFTCAP)
+    return acc, m_i, l_i
 
 
 @triton.jit
