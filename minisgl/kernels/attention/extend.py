@@ -242,7 +242,14 @@ def _extend_config(dtype: torch.dtype, head_dim: int, group: int = 1, max_seq_le
     prompts of 100-1024 tokens, 64x32 packed tiles run 215 / 192 / 208 us against 252 / 232 / 247
     for 64x64; on 1k-2k chunks behind 3k-6k prefixes 128x64 packed (4 warps) runs 373 / 385 us
     against 410 / 395 (and 64x32 loses there: 433 / 498). `max_seq_len` (host lengths; None: long)
-    picks between the two for D 128 and group 2, the measured case."""
+    picks between the two for D 128 and group 2, the measured case.
+
+    The third (fifteenth session, `tools/sweep_extend.py`, one H200 call) made the long launch a
+    bulk one (no mask before the diagonal) reading keys through TMA where a request's slots are one
+    run: 256x64 packed tiles, 8 warps, 3 stages. Whole 0.6B-shape prefill (bench offline's engine,
+    median of 3): 8k 0.0332 s against 0.0434, 32k 0.302 s against 0.422 (16k chunks). Alone,
+    128x128 tiles were faster on the kernel (606 TFLOP/s at 32k, 1.68x the old launch) but slower in
+    the model (0.380 s at 32k)."""
     if _SMALL_BLOCKS:
         return _ExtendConfig(16, 16, 1, 1)
     if dtype == torch.float32:
@@ -250,7 +257,7 @@ def _extend_config(dtype: torch.dtype, head_dim: int, group: int = 1, max_seq_le
         return _ExtendConfig(64, 64, 8, 2) if head_dim <= 64 else _ExtendConfig(32, 32, 4, 2)
     if head_dim == 128 and group == 2:
         short = max_seq_len is not None and max_seq_len <= _SHORT_EXTEND_SEQ
-        return _ExtendConfig(64, 32, 4, 3, True) if short else _ExtendConfig(128, 64, 4, 3, True)
+        return _ExtendConfig(64, 32, 4, 3, True) if short else _ExtendConfig(256, 64, 8, 3, True, True, "tma")
     return _ExtendConfig(64, 64 if head_dim <= 128 else 32, 4, 3)
 
 
