@@ -39,19 +39,27 @@ def random_blocks(q: QuantType, n: int, k: int) -> torch.Tensor:
 CLOCK: Callable[[], float] = time.perf_counter
 
 
+def timed_ab(fns: list[Callable[[int], object]], calls: int, min_s: float = 0.15, rounds: int = 3) -> list[float]:
+    """Seconds per call of each fn: the best of `rounds` rounds of `calls` calls (at least min_s per
+    round), the fns' rounds interleaved (A/B in one process: a load change hits both alike)."""
+    for fn in fns:
+        fn(0)
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        for f, fn in enumerate(fns):
+            n, start = 0, CLOCK()
+            while True:
+                fn(n)
+                n += 1
+                if n >= calls and CLOCK() - start >= min_s:
+                    break
+            best[f] = min(best[f], (CLOCK() - start) / n)
+    return best
+
+
 def timed(fn: Callable[[int], object], calls: int, min_s: float = 0.15) -> float:
     """Seconds per call: the best of 3 rounds of `calls` calls (at least min_s per round)."""
-    fn(0)
-    best = float("inf")
-    for _ in range(3):
-        n, start = 0, CLOCK()
-        while True:
-            fn(n)
-            n += 1
-            if n >= calls and CLOCK() - start >= min_s:
-                break
-        best = min(best, (CLOCK() - start) / n)
-    return best
+    return timed_ab([fn], calls, min_s)[0]
 
 
 def bandwidth_floor(mb: int) -> float:
@@ -70,6 +78,10 @@ def main() -> None:
     ap.add_argument("--working-set-mb", type=int, default=128)
     ap.add_argument("--floor-mb", type=int, default=512)
     ap.add_argument("--no-torch", action="store_true", help="skip the torch fp32 comparison")
+    ap.add_argument("--ab", default="",
+                    help="another build of the kernels (a minisgl_quant.so, e.g. main's under ~/.cache/minisgl/cpu_quant): "
+                         "each path timed on it ('base') and on this one, interleaved, with the speed-up")  # fmt: skip
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cpu-time", action="store_true",
                     help="time with this thread's CPU time (needs --threads 1): on a shared, loaded machine "
                          "it leaves out the time other processes hold the core")  # fmt: skip
@@ -81,11 +93,14 @@ def main() -> None:
         CLOCK = time.thread_time
     torch.set_num_threads(args.threads)
     lib = cpu_quant.load_library()
+    other = cpu_quant.QuantLib(args.ab) if args.ab else None
     isas = [i for i in args.isas.split(",") if i] or list(reversed(lib.supported))
     floor = bandwidth_floor(args.floor_mb)
     print(f"clock={'thread cpu time' if args.cpu_time else 'wall'} threads={args.threads} rows={args.rows} paths={','.join(isas)} working set {args.working_set_mb} MB; "
           f"memory floor (torch fp32 sum of {args.floor_mb} MB): {floor:.1f} GB/s")  # fmt: skip
-    print(f"{'type':5} {'shape':18} {'MB':>6} " + " ".join(f"{i + ' us':>11} {'GB/s':>5}" for i in isas)
+    heads = [f"{'base ' + i + ' us':>16} {'GB/s':>5} {i + ' us':>10} {'GB/s':>5} {'x':>5}" for i in isas] if other else [
+        f"{i + ' us':>11} {'GB/s':>5}" for i in isas]
+    print(f"{'type':5} {'shape':18} {'MB':>6} " + " ".join(heads)
           + ("" if args.no_torch else f" {'torch-f32 us':>12} {'GB/s':>5}"))  # fmt: skip
     ws = args.working_set_mb * 2**20
     for tname in args.types.split(","):
@@ -100,8 +115,13 @@ def main() -> None:
             cells = []
             mode = "gemv" if args.rows <= cpu_quant.GEMV_MAX_ROWS else "gemm"
             for isa in isas:
-                sec = timed(lambda i, x=x, c=copies, t=tname, a=isa, m=mode: lib.matmul(x, c[i % len(c)], t, a, m), len(copies))
-                cells.append(f"{sec * 1e6:11.1f} {nbytes / sec / 1e9:5.1f}")
+                libs = [other, lib] if other else [lib]
+                fns = [lambda i, x=x, c=copies, t=tname, a=isa, m=mode, lb=lb: lb.matmul(x, c[i % len(c)], t, a, m)
+                       for lb in libs]  # fmt: skip
+                secs = timed_ab(fns, len(copies), rounds=args.rounds)
+                cell = " ".join(f"{sec * 1e6:{16 if j == 0 and other else 10 if other else 11}.1f} {nbytes / sec / 1e9:5.1f}"
+                                for j, sec in enumerate(secs))  # fmt: skip
+                cells.append(cell + (f" {secs[0] / secs[1]:5.2f}" if other else ""))
             if not args.no_torch:
                 wf = dequantize_ref(base, tname)
                 fcopies = [wf] + [wf.clone() for _ in range(max(0, min(ws // (wf.numel() * 4), 512) - 1))]

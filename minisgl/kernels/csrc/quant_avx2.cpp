@@ -63,10 +63,13 @@ struct V {
 #include "quant_nibbles.h"  // nib_map, nibbles, nibbles_sel over the primitives above
 };
 
+#include "quant_avx2_gemv.h"  // lanes_prep_floats, lanes_prep, gemv_lanes (Q4_0, Q4_1, Q8_0)
+
 }  // namespace avx2
 }  // namespace minisgl_quant
 
 #define QUANT_ISA_NS avx2
+#define QUANT_GEMV_LANES 1  // quant_impl.h: gemv, gemv_prep_floats, gemv_prep
 #include "quant_impl.h"
 
 #if defined(__clang__)
