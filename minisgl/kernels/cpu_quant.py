@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -57,6 +57,15 @@ class QuantMatrix:
     qtype: QuantType
     n: int
     k: int
+    # (qtype, weight pointer, row bytes, n, k) for minisgl_quant_run, built once (rebuilt on unpickling)
+    desc: ctypes.Array = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        desc = (ctypes.c_int64 * 5)(self.qtype.ggml_type, self.weight.data_ptr(), self.weight.shape[1], self.n, self.k)
+        object.__setattr__(self, "desc", desc)
+
+    def __reduce__(self) -> tuple[type, tuple[torch.Tensor, QuantType, int, int]]:
+        return QuantMatrix, (self.weight, self.qtype, self.n, self.k)
 
     @staticmethod
     def create(weight: torch.Tensor, qtype: str | int | QuantType) -> QuantMatrix:
@@ -75,7 +84,9 @@ class QuantLib:
         lib.minisgl_quant_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr,
                                              ctypes.c_int, ctypes.c_int, ctypes.c_int]  # fmt: skip
         lib.minisgl_quant_dequantize.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, ctypes.c_int, ctypes.c_int]
+        lib.minisgl_quant_run.argtypes = [ptr, ptr, ptr, i64, i64]
         self._lib = lib
+        self._run = lib.minisgl_quant_run  # bound once: a CDLL attribute lookup per call costs too
         compiled, cpu = lib.minisgl_quant_isas_compiled(), lib.minisgl_quant_isas_cpu()
         self.compiled: tuple[Isa, ...] = tuple(n for i, n in enumerate(ISAS) if compiled >> i & 1)
         self.supported: tuple[Isa, ...] = tuple(n for i, n in enumerate(ISAS) if (compiled & cpu) >> i & 1)
@@ -104,9 +115,7 @@ class QuantLib:
             x2 = x2.contiguous()
         rows = x2.shape[0]
         y = torch.empty(rows, qm.n, dtype=torch.float32)
-        rc = self._lib.minisgl_quant_matmul(qm.qtype.ggml_type, qm.weight.data_ptr(), qm.weight.shape[1], qm.n,
-                                            x2.data_ptr(), rows, qm.k, y.data_ptr(), isa_id, mode_id,
-                                            torch.get_num_threads())  # fmt: skip
+        rc = self._run(qm.desc, x2.data_ptr(), y.data_ptr(), rows, isa_id | mode_id << 8 | torch.get_num_threads() << 16)
         if rc:
             raise RuntimeError(f"quantized {'gemv' if mode_id == 0 else 'gemm'} failed: {_ERRORS.get(rc, rc)}")
         return y if flat else y.view(*x.shape[:-1], qm.n)
