@@ -7,26 +7,34 @@
 // all on the one shuffle port of Intel cores) after shifting and masking the nibbles out. Here the
 // block's 16 bytes are broadcast to both 128-bit halves of a ymm by the load itself (vbroadcasti128
 // is a pure load), and each of the 4 vectors of a chunk is one AND with a constant mask: dword
-// lane j keeps one nibble of the 4 bytes it holds, in place (a value q << s, s < 24 and exact as an
-// int and as a float), then one convert. No shuffle at all: per 32 weights 1 shift + 4 ANDs +
-// 4 converts + 5 FMAs (the factored form a * sum(q x) + b * sum(x), as quant_impl.h's gemv_tile_f).
+// lane j keeps one nibble of the 4 bytes it holds, in place (a value q << s, s < 24, exact as an
+// int and as a float), then one convert. No shuffle and no shift: per 32 weights 4 ANDs, 4
+// converts and 5 FMAs (the factored form d * sum(q x) + m * sum(x), as quant_impl.h's
+// gemv_tile_f), and per 4 rows one vcvtph2ps for their scales and one FMA for their offsets.
 //
 // The weights then come out in a fixed permuted order, each scaled by 2^s: the activations are
 // permuted and scaled by 2^-s to match once per call (`lanes_prep`), so each product q * x is the
-// same float as the unpermuted, unscaled one (a power-of-2 scale is exact for normal floats).
+// same float as the unpermuted, unscaled one (a power-of-2 scale is exact for normal floats; an
+// activation below ~1e-32 would lose bits as a subnormal).
 //
 // Vector t (0..3) of a chunk, dword lane j (0..7): element e = 4 * (j & 3) + t + 16 * (j >> 2)
 // of the block (byte 4 * (j & 3) + t, the low nibble for j < 4, the high one for j >= 4), held at
-// bit s = 8 * t + 4 * (j >> 2) for t < 3; vector 3 is taken from the bytes shifted right by 8
-// (so that no value reaches the sign bit), at s = 16 + 4 * (j >> 2).
+// bit s = 8 * t + 4 * (j >> 2) for t < 3. Byte 3 of a dword would put the high nibble in the sign
+// bit, so vector 3 is taken from the block's bytes 1 .. 16 (one more unaligned broadcast load),
+// where byte 4 * (j & 3) + 3 sits at bit 16: s = 16 + 4 * (j >> 2).
 //
-// Q8_0's bytes are expanded with vpmovsxbd from memory (one uop with its load), in natural order.
+// Q8_0's bytes are expanded with vpmovsxbd from memory (one shuffle uop with its load), in natural
+// order. Measured (tools/bench_cpu_quant.py --ab, docs/performance.md "fifteenth session"): the
+// loop runs at ~5.5 cycles per 32 weights on Sapphire Rapids, close to its 9.5 FMA-port uops.
 
 static inline int lanes_elem(int t, int j) { return 4 * (j & 3) + t + 16 * (j >> 2); }
 static inline int lanes_shift(int t, int j) { return (t < 3 ? 8 * t : 16) + 4 * (j >> 2); }
 
 #ifndef LANES_PREFETCH
 #define LANES_PREFETCH 1
+#endif
+#ifndef LANES_PF_TILES
+#define LANES_PF_TILES 2
 #endif
 
 static inline bool lanes_type(int qtype) { return qtype == QT_Q4_0 || qtype == QT_Q4_1 || qtype == QT_Q8_0; }
@@ -133,7 +141,7 @@ static inline void lanes_tile(const uint8_t* w, int64_t rb, const float* xq, con
     _mm256_store_ps(dmf, dm);
     for (int r = 0; r < NR; ++r) {
       const uint8_t* b = row + r * rb + c * BYTES;
-      if (PF) __builtin_prefetch(b + NR * rb);  // the next tile's rows (contiguous), a tile ahead
+      if (PF) __builtin_prefetch(b + LANES_PF_TILES * NR * rb);  // the rows LANES_PF_TILES tiles on (contiguous)
       const __m256 d = _mm256_broadcast_ss(dmf + 2 * r);
       __m256 q[4];
       if (QT == QT_Q8_0) {
