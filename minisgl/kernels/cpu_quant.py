@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -81,12 +82,17 @@ class QuantLib:
         self.path = path
         lib = ctypes.CDLL(path)
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        lib.minisgl_quant_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr,
-                                             ctypes.c_int, ctypes.c_int, ctypes.c_int]  # fmt: skip
         lib.minisgl_quant_dequantize.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, ctypes.c_int, ctypes.c_int]
-        lib.minisgl_quant_run.argtypes = [ptr, ptr, ptr, i64, i64]
         self._lib = lib
-        self._run = lib.minisgl_quant_run  # bound once: a CDLL attribute lookup per call costs too
+        self._run: Callable[[ctypes.Array, int, int, int, int], int]
+        if hasattr(lib, "minisgl_quant_run"):
+            lib.minisgl_quant_run.argtypes = [ptr, ptr, ptr, i64, i64]
+            self._run = lib.minisgl_quant_run  # bound once: a CDLL attribute lookup per call costs too
+        else:  # an older build (tools/bench_cpu_quant.py --ab): its 11-argument entry
+            lib.minisgl_quant_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr,
+                                                 ctypes.c_int, ctypes.c_int, ctypes.c_int]  # fmt: skip
+            f = lib.minisgl_quant_matmul
+            self._run = lambda d, x, y, m, fl: f(d[0], d[1], d[2], d[3], x, m, d[4], y, fl & 255, fl >> 8 & 255, fl >> 16)
         compiled, cpu = lib.minisgl_quant_isas_compiled(), lib.minisgl_quant_isas_cpu()
         self.compiled: tuple[Isa, ...] = tuple(n for i, n in enumerate(ISAS) if compiled >> i & 1)
         self.supported: tuple[Isa, ...] = tuple(n for i, n in enumerate(ISAS) if (compiled & cpu) >> i & 1)

@@ -20,8 +20,14 @@ import torch
 
 from minisgl.kernels import cpu_quant
 from minisgl.kernels.quant_ref import QUANT_TYPES, dequantize_ref
-
-from tests.kernels.test_cpu_quant import PATHS, TYPES, _need, bits, check_close, random_blocks
+from tests.kernels.test_cpu_quant import (
+    PATHS,
+    TYPES,
+    _need,
+    bits,
+    check_close,
+    random_blocks,
+)
 
 
 @pytest.fixture(scope="module")

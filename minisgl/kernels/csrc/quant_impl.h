@@ -421,7 +421,7 @@ static void gemm_q(const uint8_t* w, int64_t rb, const float* xp, int64_t M, int
   }
 
 // The floats of x prepared once per call for this path's GEMV of `qtype` (0: it takes x as it is),
-// and that preparation (QUANT_GEMV_LANES: quant_avx2_gemv.h).
+// and that preparation (QUANT_GEMV_LANES: quant_gemv_lanes.h).
 int64_t gemv_prep_floats(int qtype, int64_t M, int64_t K) {
 #ifdef QUANT_GEMV_LANES
   return lanes_prep_floats(qtype, M, K);

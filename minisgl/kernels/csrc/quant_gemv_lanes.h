@@ -1,15 +1,17 @@
-// The AVX2 GEMV of Q4_0, Q4_1 and Q8_0 (decode rows), included by quant_avx2.cpp inside its
-// namespace and target pragma. quant_impl.h calls it through `gemv_lanes` when the caller has
-// prepared x for it (`lanes_prep`, once per call, shared by the threads).
+// The x86 GEMV of Q4_0, Q4_1 and Q8_0 (decode rows), written once over a traits struct `LW` of
+// VL-float vectors (AVX2: 8, AVX-512: 16) and included by quant_avx2.cpp and quant_avx512.cpp
+// inside their namespace and target pragma. quant_impl.h calls it through `gemv_lanes` when the
+// caller has prepared x for it (`lanes_prep`, once per call, shared by the threads).
 //
 // Why a separate kernel: with fp32 activations, a Q4 weight's nibble has to become one fp32 lane.
-// The generic path expands bytes to dwords with vpmovzxbd (4 per 32-weight chunk, plus 2 unpacks:
-// all on the one shuffle port of Intel cores) after shifting and masking the nibbles out. Here the
-// block's 16 bytes are broadcast to both 128-bit halves of a ymm by the load itself (vbroadcasti128
-// is a pure load), and each of the 4 vectors of a chunk is one AND with a constant mask: dword
-// lane j keeps one nibble of the 4 bytes it holds, in place (a value q << s, s < 24, exact as an
-// int and as a float), then one convert. No shuffle and no shift: per 32 weights 4 ANDs, 4
-// converts and 5 FMAs (the factored form d * sum(q x) + m * sum(x), as quant_impl.h's
+// The generic AVX2 path expands bytes to dwords with vpmovzxbd (4 per 32-weight chunk, plus 2
+// unpacks: all on the one shuffle port of Intel cores) after shifting and masking the nibbles out;
+// the generic AVX-512 path looks each nibble up in a 16-float vpermps table. Here the block's 16
+// bytes are broadcast to every 128-bit lane of a vector by the load itself (vbroadcasti128 /
+// vbroadcasti32x4 are pure loads), and each vector of a chunk is one AND with a constant mask:
+// dword lane j keeps one nibble of the 4 bytes it holds, in place (a value q << s, s < 24, exact as
+// an int and as a float), then one convert. No shuffle and no shift: per 32 weights 32 / VL ANDs,
+// converts and FMAs plus one FMA (the factored form d * sum(q x) + m * sum(x), as quant_impl.h's
 // gemv_tile_f), and per 4 rows one vcvtph2ps for their scales and one FMA for their offsets.
 //
 // The weights then come out in a fixed permuted order, each scaled by 2^s: the activations are
@@ -17,18 +19,24 @@
 // same float as the unpermuted, unscaled one (a power-of-2 scale is exact for normal floats; an
 // activation below ~1e-32 would lose bits as a subnormal).
 //
-// Vector t (0..3) of a chunk, dword lane j (0..7): element e = 4 * (j & 3) + t + 16 * (j >> 2)
-// of the block (byte 4 * (j & 3) + t, the low nibble for j < 4, the high one for j >= 4), held at
-// bit s = 8 * t + 4 * (j >> 2) for t < 3. Byte 3 of a dword would put the high nibble in the sign
-// bit, so vector 3 is taken from the block's bytes 1 .. 16 (one more unaligned broadcast load),
-// where byte 4 * (j & 3) + 3 sits at bit 16: s = 16 + 4 * (j >> 2).
+// The layout: a dword d (0..3) of the block's 16 bytes holds bytes 4d .. 4d + 3, i.e. 8 nibbles,
+// "slots" u = 0..7: byte u >> 1, the high nibble when u is odd, element 4d + (u >> 1) + 16 (u & 1).
+// Lane j of vector t holds dword j & 3 and slot u = t * VL / 4 + (j >> 2). Slots 0..3 (bytes 0, 1)
+// are taken from the broadcast of the block's bytes 0 .. 15, at bit s = 4u; slots 4..7 (bytes 2, 3)
+// from the broadcast of its bytes 1 .. 16 (one more unaligned load), where they sit one byte lower,
+// at s = 4u - 8 < 24: so no nibble reaches the sign bit. (Byte 16 is the next block's first: past
+// the matrix for its last block, where the tile shifts the first broadcast right by 8 instead.)
 //
 // Q8_0's bytes are expanded with vpmovsxbd from memory (one shuffle uop with its load), in natural
-// order. Measured (tools/bench_cpu_quant.py --ab, docs/performance.md "fifteenth session"): the
-// loop runs at ~5.5 cycles per 32 weights on Sapphire Rapids, close to its 9.5 FMA-port uops.
+// order. Measured (tools/bench_cpu_quant.py --ab; docs/performance.md, "fifteenth session").
 
-static inline int lanes_elem(int t, int j) { return 4 * (j & 3) + t + 16 * (j >> 2); }
-static inline int lanes_shift(int t, int j) { return (t < 3 ? 8 * t : 16) + 4 * (j >> 2); }
+constexpr int LANES_NV = 32 / LW::VL;  // vectors per 32-element chunk
+
+static inline int lanes_slot(int t, int j) { return t * (LW::VL / 4) + (j >> 2); }
+static inline int lanes_shift(int t, int j) {
+  const int u = lanes_slot(t, j);
+  return u < 4 ? 4 * u : 4 * u - 8;
+}
 
 #ifndef LANES_PREFETCH
 #define LANES_PREFETCH 1
@@ -51,21 +59,17 @@ static inline int64_t lanes_prep_floats(int qtype, int64_t M, int64_t K) {
 // Q4_1 (0, sum x) x 4 (w = d * q + m), Q4_0 (-8 * sum x, 0) x 4 (w = d * q - 8 d), Q8_0 zeros.
 static void lanes_prep(int qtype, const float* x, int64_t M, int64_t K, float* out) {
   const int64_t nc = K / 32;
-  float scale[4][8];
-  int elem[4][8];
-  for (int t = 0; t < 4; ++t)
-    for (int j = 0; j < 8; ++j) scale[t][j] = 1.f / (float)(1u << lanes_shift(t, j)), elem[t][j] = lanes_elem(t, j);
+  __m128 scale[8];  // of slot u: 2^-s, s = 4u (u < 4) or 4u - 8
+  for (int u = 0; u < 8; ++u) scale[u] = _mm_set1_ps(1.f / (float)(1u << (u < 4 ? 4 * u : 4 * u - 8)));
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x + m * K;
     float* xq = out + m * K;
     float* sxi = out + M * K + m * nc * 8;
     for (int64_t c = 0; c < nc; ++c) {
       const float* xc = xr + 32 * c;
-      __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xc), _mm256_loadu_ps(xc + 8)),
-                               _mm256_add_ps(_mm256_loadu_ps(xc + 16), _mm256_loadu_ps(xc + 24)));
-      __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-      h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-      const float sum = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+      LW::F sv = LW::load(xc);
+      for (int v = 1; v < LANES_NV; ++v) sv = LW::add(sv, LW::load(xc + v * LW::VL));
+      const float sum = LW::hsum(sv);
       for (int l = 0; l < 4; ++l) {
         sxi[8 * c + 2 * l] = qtype == QT_Q4_0 ? -8.f * sum : 0.f;
         sxi[8 * c + 2 * l + 1] = qtype == QT_Q4_1 ? sum : 0.f;
@@ -74,21 +78,18 @@ static void lanes_prep(int qtype, const float* x, int64_t M, int64_t K, float* o
         memcpy(xq + 32 * c, xc, 32 * sizeof(float));
         continue;
       }
-      for (int t = 0; t < 4; ++t)
-        for (int j = 0; j < 8; ++j) xq[32 * c + 8 * t + j] = xc[elem[t][j]] * scale[t][j];
+      // In memory, a chunk's vectors are the 8 slots' 4 lanes (d = 0..3) one after another, for
+      // either VL: slot u = 2b + h holds x[4d + b + 16h], column b of the 4x4 matrix x[16h ..].
+      __m128 lo[4], hi[4];
+      for (int d = 0; d < 4; ++d) lo[d] = _mm_loadu_ps(xc + 4 * d), hi[d] = _mm_loadu_ps(xc + 16 + 4 * d);
+      _MM_TRANSPOSE4_PS(lo[0], lo[1], lo[2], lo[3]);
+      _MM_TRANSPOSE4_PS(hi[0], hi[1], hi[2], hi[3]);
+      for (int b = 0; b < 4; ++b) {
+        _mm_storeu_ps(xq + 32 * c + 8 * b, _mm_mul_ps(lo[b], scale[2 * b]));
+        _mm_storeu_ps(xq + 32 * c + 8 * b + 4, _mm_mul_ps(hi[b], scale[2 * b + 1]));
+      }
     }
   }
-}
-
-static inline __m256i lanes_mask(int t) {
-  const int lo = 0xF << (8 * t), hi = 0xF << (8 * t + 4);
-  return _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi);
-}
-
-static inline float lanes_hsum(__m256 a) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
 // The fp16 scale pairs (d, m) (PAIR) or scales d (with a zero upper half: 0.0) of NR (<= 4) rows'
@@ -115,22 +116,28 @@ static inline __m128i lanes_scales(const uint8_t* b, int64_t rb) {
 
 // NR (<= 4) weight rows x MR activation rows from row n: y[m][n + r] for m < MR (y, xq, sxi at
 // row m0). Per chunk, the NR rows' fp16 scales are converted by one vcvtph2ps and their offset
-// terms summed by one FMA (lanes 2r, 2r + 1 of `off`). Vector 3 of a Q4 chunk is the broadcast of
-// the block's bytes 1 .. 16 (byte 4 * (j & 3) + 3 at bit 16 of each dword: mask 2, no shift); byte
-// 16 is the next block's first, past the matrix for its last block: END (a tile that holds the
-// matrix's last row) shifts the bytes instead.
+// terms summed by one FMA (lanes 2r, 2r + 1 of `off`). END: the tile holds the matrix's last row,
+// whose last block has no byte 16 to read (see the layout above).
 template <int QT, int NR, int MR, bool END>
 static inline void lanes_tile(const uint8_t* w, int64_t rb, const float* xq, const float* sxi, int64_t K,
                               float* y, int64_t N, int64_t n) {
+  using F = LW::F;
   constexpr int BYTES = QT == QT_Q8_0 ? 34 : (QT == QT_Q4_1 ? 20 : 18);
   constexpr int QOFF = QT == QT_Q4_1 ? 4 : 2;
+  constexpr int NV = LANES_NV;
   const int64_t nc = K / 32;
   constexpr bool PF = LANES_PREFETCH;
-  const __m256i m0 = lanes_mask(0), m1 = lanes_mask(1), m2 = lanes_mask(2);
-  __m256 acc[NR][MR], off[MR];
+  LW::Iv mask[NV];
+  for (int t = 0; t < NV; ++t) {
+    alignas(64) int32_t bitsv[LW::VL];
+    for (int j = 0; j < LW::VL; ++j) bitsv[j] = 0xF << lanes_shift(t, j);
+    mask[t] = LW::load_i(bitsv);
+  }
+  F acc[NR][MR];
+  __m256 off[MR];
   for (int i = 0; i < MR; ++i) {
     off[i] = _mm256_setzero_ps();
-    for (int r = 0; r < NR; ++r) acc[r][i] = _mm256_setzero_ps();
+    for (int r = 0; r < NR; ++r) acc[r][i] = LW::zero();
   }
   const uint8_t* row = w + n * rb;
   alignas(32) float dmf[8];
@@ -142,33 +149,26 @@ static inline void lanes_tile(const uint8_t* w, int64_t rb, const float* xq, con
     for (int r = 0; r < NR; ++r) {
       const uint8_t* b = row + r * rb + c * BYTES;
       if (PF) __builtin_prefetch(b + LANES_PF_TILES * NR * rb);  // the rows LANES_PF_TILES tiles on (contiguous)
-      const __m256 d = _mm256_broadcast_ss(dmf + 2 * r);
-      __m256 q[4];
+      const F d = LW::bcast(dmf + 2 * r);
+      F q[NV];
       if (QT == QT_Q8_0) {
-        for (int t = 0; t < 4; ++t)
-          q[t] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(b + QOFF + 8 * t))));
+        for (int t = 0; t < NV; ++t) q[t] = LW::sext8(b + QOFF + LW::VL * t);
       } else {
-        const __m256i bb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(b + QOFF)));
-        q[0] = _mm256_cvtepi32_ps(_mm256_and_si256(bb, m0));
-        q[1] = _mm256_cvtepi32_ps(_mm256_and_si256(bb, m1));
-        q[2] = _mm256_cvtepi32_ps(_mm256_and_si256(bb, m2));
-        const __m256i b3 = END ? _mm256_srli_epi32(bb, 8)
-                               : _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(b + QOFF + 1)));
-        q[3] = _mm256_cvtepi32_ps(_mm256_and_si256(b3, m2));
+        const LW::Iv b0 = LW::bcast16(b + QOFF);
+        const LW::Iv b1 = END ? LW::srl8(b0) : LW::bcast16(b + QOFF + 1);
+        for (int t = 0; t < NV; ++t) q[t] = LW::cvt_and(t < NV / 2 ? b0 : b1, mask[t]);
       }
       for (int i = 0; i < MR; ++i) {
         const float* xp = xq + i * K + 32 * c;
-        __m256 p = _mm256_mul_ps(q[0], _mm256_loadu_ps(xp));
-        p = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xp + 8), p);
-        p = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xp + 16), p);
-        p = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xp + 24), p);
-        acc[r][i] = _mm256_fmadd_ps(d, p, acc[r][i]);
+        F p = LW::mul(q[0], LW::load(xp));
+        for (int t = 1; t < NV; ++t) p = LW::fma(q[t], LW::load(xp + t * LW::VL), p);
+        acc[r][i] = LW::fma(d, p, acc[r][i]);
       }
     }
   }
   for (int i = 0; i < MR; ++i) {
     _mm256_store_ps(dmf, off[i]);
-    for (int r = 0; r < NR; ++r) y[i * N + n + r] = lanes_hsum(acc[r][i]) + (dmf[2 * r] + dmf[2 * r + 1]);
+    for (int r = 0; r < NR; ++r) y[i * N + n + r] = LW::hsum(acc[r][i]) + (dmf[2 * r] + dmf[2 * r + 1]);
   }
 }
 
