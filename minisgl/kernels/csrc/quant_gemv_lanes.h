@@ -51,6 +51,7 @@ static inline bool lanes_type(int qtype) { return qtype == QT_Q4_0 || qtype == Q
 // per 32-element chunk 8 floats for the offset term (see lanes_tile); 0 for a type without lanes.
 static inline int64_t lanes_prep_floats(int qtype, int64_t M, int64_t K) {
   if (!lanes_type(qtype) || K % 32 != 0) return 0;
+  if (qtype != QT_Q8_0 && M > LW::Q4_MAX_ROWS) return 0;  // the generic tiles are faster there
   return M * (K + K / 32 * 8);
 }
 
