@@ -7,7 +7,10 @@ is the dequantize-then-fp32-matmul result up to summation order.
 `QuantMatrix.create(blocks, qtype)` validates a tensor once; `quant_linear(x, qm)` is the lean
 per-call path for a layer (GEMV up to GEMV_MAX_ROWS rows, GEMM beyond). Two kernels, both split over output rows across `torch.get_num_threads()` OpenMP threads:
 - GEMV (`quant_gemv`, up to GEMV_MAX_ROWS = 12 activation rows: decode): a few weight rows x up to 4 activation
-  rows per register tile; each weight byte is read from memory once per call.
+  rows per register tile; each weight byte is read from memory once per call. Q4_0/Q4_1/Q8_0 on
+  AVX2 and AVX-512 take the "lanes" tiles (csrc/quant_gemv_lanes.h: nibbles masked in place from a
+  broadcast load, x permuted to match once per call, the scales factored out of each block's sum:
+  the reference's products, summed in another order).
 - GEMM (`quant_gemm`, prefill and batched decode): x packed once per call into blocks of 2 vectors
   of rows (k-major, shared by the threads), 48 weight rows at a time dequantized into an fp32
   panel laid out in 64-k chunks, then an outer-product register tile (2 x-vectors x 6 broadcast
