@@ -7,7 +7,10 @@ is the dequantize-then-fp32-matmul result up to summation order.
 `QuantMatrix.create(blocks, qtype)` validates a tensor once; `quant_linear(x, qm)` is the lean
 per-call path for a layer (GEMV up to GEMV_MAX_ROWS rows, GEMM beyond). Two kernels, both split over output rows across `torch.get_num_threads()` OpenMP threads:
 - GEMV (`quant_gemv`, up to GEMV_MAX_ROWS = 12 activation rows: decode): a few weight rows x up to 4 activation
-  rows per register tile; each weight byte is read from memory once per call.
+  rows per register tile; each weight byte is read from memory once per call. Q4_0/Q4_1/Q8_0 on
+  AVX2 and AVX-512 take the "lanes" tiles (csrc/quant_gemv_lanes.h: nibbles masked in place from a
+  broadcast load, x permuted to match once per call, the scales factored out of each block's sum:
+  the reference's products, summed in another order).
 - GEMM (`quant_gemm`, prefill and batched decode): x packed once per call into blocks of 2 vectors
   of rows (k-major, shared by the threads), 48 weight rows at a time dequantized into an fp32
   panel laid out in 64-k chunks, then an outer-product register tile (2 x-vectors x 6 broadcast
@@ -27,7 +30,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -57,6 +61,15 @@ class QuantMatrix:
     qtype: QuantType
     n: int
     k: int
+    # (qtype, weight pointer, row bytes, n, k) for minisgl_quant_run, built once (rebuilt on unpickling)
+    desc: ctypes.Array = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        desc = (ctypes.c_int64 * 5)(self.qtype.ggml_type, self.weight.data_ptr(), self.weight.shape[1], self.n, self.k)
+        object.__setattr__(self, "desc", desc)
+
+    def __reduce__(self) -> tuple[type, tuple[torch.Tensor, QuantType, int, int]]:
+        return QuantMatrix, (self.weight, self.qtype, self.n, self.k)
 
     @staticmethod
     def create(weight: torch.Tensor, qtype: str | int | QuantType) -> QuantMatrix:
@@ -72,10 +85,17 @@ class QuantLib:
         self.path = path
         lib = ctypes.CDLL(path)
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        lib.minisgl_quant_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr,
-                                             ctypes.c_int, ctypes.c_int, ctypes.c_int]  # fmt: skip
         lib.minisgl_quant_dequantize.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, ctypes.c_int, ctypes.c_int]
         self._lib = lib
+        self._run: Callable[[ctypes.Array, int, int, int, int], int]
+        if hasattr(lib, "minisgl_quant_run"):
+            lib.minisgl_quant_run.argtypes = [ptr, ptr, ptr, i64, i64]
+            self._run = lib.minisgl_quant_run  # bound once: a CDLL attribute lookup per call costs too
+        else:  # an older build (tools/bench_cpu_quant.py --ab): its 11-argument entry
+            lib.minisgl_quant_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr,
+                                                 ctypes.c_int, ctypes.c_int, ctypes.c_int]  # fmt: skip
+            f = lib.minisgl_quant_matmul
+            self._run = lambda d, x, y, m, fl: f(d[0], d[1], d[2], d[3], x, m, d[4], y, fl & 255, fl >> 8 & 255, fl >> 16)
         compiled, cpu = lib.minisgl_quant_isas_compiled(), lib.minisgl_quant_isas_cpu()
         self.compiled: tuple[Isa, ...] = tuple(n for i, n in enumerate(ISAS) if compiled >> i & 1)
         self.supported: tuple[Isa, ...] = tuple(n for i, n in enumerate(ISAS) if (compiled & cpu) >> i & 1)
@@ -104,9 +124,7 @@ class QuantLib:
             x2 = x2.contiguous()
         rows = x2.shape[0]
         y = torch.empty(rows, qm.n, dtype=torch.float32)
-        rc = self._lib.minisgl_quant_matmul(qm.qtype.ggml_type, qm.weight.data_ptr(), qm.weight.shape[1], qm.n,
-                                            x2.data_ptr(), rows, qm.k, y.data_ptr(), isa_id, mode_id,
-                                            torch.get_num_threads())  # fmt: skip
+        rc = self._run(qm.desc, x2.data_ptr(), y.data_ptr(), rows, isa_id | mode_id << 8 | torch.get_num_threads() << 16)
         if rc:
             raise RuntimeError(f"quantized {'gemv' if mode_id == 0 else 'gemm'} failed: {_ERRORS.get(rc, rc)}")
         return y if flat else y.view(*x.shape[:-1], qm.n)

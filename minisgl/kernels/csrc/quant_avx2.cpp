@@ -63,10 +63,37 @@ struct V {
 #include "quant_nibbles.h"  // nib_map, nibbles, nibbles_sel over the primitives above
 };
 
+// The vectors of quant_gemv_lanes.h.
+struct LW {
+  static constexpr int VL = 8;
+  // Q4 GEMVs of up to this many rows take the lanes: as fast as the generic tiles or faster at
+  // every row count (1.0-1.1x at 4 and 11 rows).
+  static constexpr int64_t Q4_MAX_ROWS = 1 << 30;
+  using F = __m256;
+  using Iv = __m256i;
+  static inline F zero() { return _mm256_setzero_ps(); }
+  static inline F load(const float* p) { return _mm256_loadu_ps(p); }
+  static inline Iv load_i(const int32_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
+  static inline F bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static inline F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static inline F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static inline F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static inline float hsum(F a) { return V::hsum(a); }
+  static inline Iv bcast16(const uint8_t* p) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)p)); }
+  static inline Iv srl8(Iv a) { return _mm256_srli_epi32(a, 8); }
+  static inline F cvt_and(Iv a, Iv m) { return _mm256_cvtepi32_ps(_mm256_and_si256(a, m)); }
+  static inline F sext8(const uint8_t* p) {  // VL int8 -> floats (vpmovsxbd from memory)
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+  }
+};
+
+#include "quant_gemv_lanes.h"  // lanes_prep_floats, lanes_prep, gemv_lanes (Q4_0, Q4_1, Q8_0)
+
 }  // namespace avx2
 }  // namespace minisgl_quant
 
 #define QUANT_ISA_NS avx2
+#define QUANT_GEMV_LANES 1  // quant_impl.h: gemv, gemv_prep_floats, gemv_prep
 #include "quant_impl.h"
 
 #if defined(__clang__)

@@ -78,10 +78,37 @@ struct V {
   }
 };
 
+// The vectors of quant_gemv_lanes.h.
+struct LW {
+  static constexpr int VL = 16;
+  // Q4 GEMVs of up to this many rows take the lanes: past 2 activation rows the vpermps tiles
+  // are faster (the lanes 0.8-0.95x at 4 and 11 rows).
+  static constexpr int64_t Q4_MAX_ROWS = 2;
+  using F = __m512;
+  using Iv = __m512i;
+  static inline F zero() { return _mm512_setzero_ps(); }
+  static inline F load(const float* p) { return _mm512_loadu_ps(p); }
+  static inline Iv load_i(const int32_t* p) { return _mm512_loadu_si512(p); }
+  static inline F bcast(const float* p) { return _mm512_set1_ps(*p); }
+  static inline F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static inline F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static inline F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static inline float hsum(F a) { return _mm512_reduce_add_ps(a); }
+  static inline Iv bcast16(const uint8_t* p) { return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)p)); }
+  static inline Iv srl8(Iv a) { return _mm512_srli_epi32(a, 8); }
+  static inline F cvt_and(Iv a, Iv m) { return _mm512_cvtepi32_ps(_mm512_and_si512(a, m)); }
+  static inline F sext8(const uint8_t* p) {  // VL int8 -> floats (vpmovsxbd from memory)
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+  }
+};
+
+#include "quant_gemv_lanes.h"  // lanes_prep_floats, lanes_prep, gemv_lanes (Q4_0, Q4_1, Q8_0)
+
 }  // namespace avx512
 }  // namespace minisgl_quant
 
 #define QUANT_ISA_NS avx512
+#define QUANT_GEMV_LANES 1  // quant_impl.h: gemv, gemv_prep_floats, gemv_prep
 #include "quant_impl.h"
 
 #if defined(__clang__)

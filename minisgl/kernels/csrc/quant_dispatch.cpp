@@ -14,8 +14,10 @@ using minisgl_pool::parallel_chunks;
 
 #define MINISGL_QUANT_DECLARE(NS)                                                                   \
   namespace NS {                                                                                    \
-  int gemv(int qtype, const uint8_t* w, int64_t rb, const float* x, int64_t M, int64_t K, float* y, \
-           int64_t N, int64_t n0, int64_t n1);                                                      \
+  int64_t gemv_prep_floats(int qtype, int64_t M, int64_t K);                                       \
+  void gemv_prep(int qtype, const float* x, int64_t M, int64_t K, float* out);                      \
+  int gemv(int qtype, const uint8_t* w, int64_t rb, const float* x, const float* prep, int64_t M,   \
+           int64_t K, float* y, int64_t N, int64_t n0, int64_t n1);                                 \
   void pack_x(const float* x, int64_t M, int64_t K, float* xp, int t, int nt);                    \
   int gemm(int qtype, const uint8_t* w, int64_t rb, const float* xp, int64_t M, int64_t K, float* y, \
            int64_t N, int64_t n0, int64_t n1, float* scratch);                                      \
@@ -56,14 +58,32 @@ static int block_size(int qtype) {
   return qtype == QT_Q4_K || qtype == QT_Q6_K ? 256 : 32;
 }
 
-static int gemv_isa(int isa, int qtype, const uint8_t* w, int64_t rb, const float* x, int64_t M, int64_t K,
-                    float* y, int64_t N, int64_t n0, int64_t n1) {
+static int64_t gemv_prep_floats_isa(int isa, int qtype, int64_t M, int64_t K) {
 #ifdef MINISGL_QUANT_HAVE_X86
-  if (isa == ISA_AVX512) return avx512::gemv(qtype, w, rb, x, M, K, y, N, n0, n1);
-  if (isa == ISA_AVX2) return avx2::gemv(qtype, w, rb, x, M, K, y, N, n0, n1);
+  if (isa == ISA_AVX512) return avx512::gemv_prep_floats(qtype, M, K);
+  if (isa == ISA_AVX2) return avx2::gemv_prep_floats(qtype, M, K);
 #endif
   (void)isa;
-  return portable::gemv(qtype, w, rb, x, M, K, y, N, n0, n1);
+  return portable::gemv_prep_floats(qtype, M, K);
+}
+
+static void gemv_prep_isa(int isa, int qtype, const float* x, int64_t M, int64_t K, float* out) {
+#ifdef MINISGL_QUANT_HAVE_X86
+  if (isa == ISA_AVX512) return avx512::gemv_prep(qtype, x, M, K, out);
+  if (isa == ISA_AVX2) return avx2::gemv_prep(qtype, x, M, K, out);
+#endif
+  (void)isa;
+  portable::gemv_prep(qtype, x, M, K, out);
+}
+
+static int gemv_isa(int isa, int qtype, const uint8_t* w, int64_t rb, const float* x, const float* prep,
+                    int64_t M, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1) {
+#ifdef MINISGL_QUANT_HAVE_X86
+  if (isa == ISA_AVX512) return avx512::gemv(qtype, w, rb, x, prep, M, K, y, N, n0, n1);
+  if (isa == ISA_AVX2) return avx2::gemv(qtype, w, rb, x, prep, M, K, y, N, n0, n1);
+#endif
+  (void)isa;
+  return portable::gemv(qtype, w, rb, x, prep, M, K, y, N, n0, n1);
 }
 
 static void pack_x_isa(int isa, const float* x, int64_t M, int64_t K, float* xp, int t, int nt) {
@@ -97,9 +117,12 @@ static int dequantize_isa(int isa, int qtype, const uint8_t* w, int64_t rb, int6
 
 // This thread's GEMM panel buffer (64-byte aligned), grown to `floats` when smaller; kept for
 // the thread's life (the pool's workers and the caller reuse it call after call).
-static float* thread_scratch(int64_t floats) {
-  thread_local float* buf = nullptr;
-  thread_local int64_t cap = 0;
+// slot 0: the GEMM's panel, 1: the GEMV's prepared x (the caller's, read by the workers of its call).
+static float* thread_scratch(int64_t floats, int slot = 0) {
+  thread_local float* bufs[2] = {nullptr, nullptr};
+  thread_local int64_t caps[2] = {0, 0};
+  float*& buf = bufs[slot];
+  int64_t& cap = caps[slot];
   if (cap < floats) {
     free(buf);
     buf = (float*)aligned_alloc(64, (size_t)(floats * sizeof(float) + 63) / 64 * 64);
@@ -135,8 +158,13 @@ int minisgl_quant_matmul(int qtype, const uint8_t* w, int64_t rb, int64_t N, con
     // (~10 us), so that a thread preempted inside its chunk holds the call up for little.
     const int64_t units = (N + 15) / 16, by_bytes = (N * rb + 65535) / 65536;
     const int64_t chunks = by_bytes > 8 * nt ? by_bytes : 8 * nt, per = (units + chunks - 1) / chunks;
+    // x prepared once for the path's kernel (permuted for the AVX2 lanes), on the caller's thread.
+    const int64_t pf = gemv_prep_floats_isa(isa, qtype, M, K);
+    float* prep = pf > 0 ? thread_scratch(pf, 1) : nullptr;
+    if (pf > 0 && prep == nullptr) return 4;
+    if (prep != nullptr) gemv_prep_isa(isa, qtype, x, M, K, prep);
     parallel_chunks(N, 16 * (per < 1 ? 1 : per), nt, [&](int64_t n0, int64_t n1) {
-      status.fetch_or(gemv_isa(isa, qtype, w, rb, x, M, K, y, N, n0, n1), std::memory_order_relaxed);
+      status.fetch_or(gemv_isa(isa, qtype, w, rb, x, prep, M, K, y, N, n0, n1), std::memory_order_relaxed);
     });
     return status.load();
   }
@@ -156,6 +184,14 @@ int minisgl_quant_matmul(int qtype, const uint8_t* w, int64_t rb, int64_t N, con
   });
   free(xp);
   return status.load();
+}
+
+// minisgl_quant_matmul with the matrix's facts in one array (a QuantMatrix's `desc`: qtype, weight
+// pointer, row bytes, N, K) and isa | mode << 8 | nthreads << 16 in `flags`: 5 arguments instead of
+// 11, which saves ctypes ~2 us of argument conversion per call (121 calls a decode step).
+int minisgl_quant_run(const int64_t* desc, const float* x, float* y, int64_t M, int64_t flags) {
+  return minisgl_quant_matmul((int)desc[0], reinterpret_cast<const uint8_t*>(desc[1]), desc[2], desc[3], x, M,
+                              desc[4], y, (int)(flags & 0xff), (int)((flags >> 8) & 0xff), (int)(flags >> 16));
 }
 
 // out[N, K] = the fp32 weights (the kernels' own dequantizer, for tests and for float fallbacks).

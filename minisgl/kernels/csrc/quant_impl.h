@@ -420,8 +420,33 @@ static void gemm_q(const uint8_t* w, int64_t rb, const float* xp, int64_t M, int
     default: return 1;                            \
   }
 
-int gemv(int qtype, const uint8_t* w, int64_t rb, const float* x, int64_t M, int64_t K, float* y,
-         int64_t N, int64_t n0, int64_t n1) {
+// The floats of x prepared once per call for this path's GEMV of `qtype` (0: it takes x as it is),
+// and that preparation (QUANT_GEMV_LANES: quant_gemv_lanes.h).
+int64_t gemv_prep_floats(int qtype, int64_t M, int64_t K) {
+#ifdef QUANT_GEMV_LANES
+  return lanes_prep_floats(qtype, M, K);
+#else
+  (void)qtype, (void)M, (void)K;
+  return 0;
+#endif
+}
+
+void gemv_prep(int qtype, const float* x, int64_t M, int64_t K, float* out) {
+#ifdef QUANT_GEMV_LANES
+  lanes_prep(qtype, x, M, K, out);
+#else
+  (void)qtype, (void)x, (void)M, (void)K, (void)out;
+#endif
+}
+
+// prep: gemv_prep's output when gemv_prep_floats > 0, else nullptr.
+int gemv(int qtype, const uint8_t* w, int64_t rb, const float* x, const float* prep, int64_t M, int64_t K,
+         float* y, int64_t N, int64_t n0, int64_t n1) {
+#ifdef QUANT_GEMV_LANES
+  if (prep != nullptr && gemv_lanes(qtype, w, rb, prep, M, K, y, N, n0, n1)) return 0;
+#else
+  (void)prep;
+#endif
 #define CALL_GEMV(Q) gemv_q<Q>(w, rb, x, M, K, y, N, n0, n1)
   MINISGL_QUANT_SWITCH(qtype, CALL_GEMV)
 #undef CALL_GEMV
