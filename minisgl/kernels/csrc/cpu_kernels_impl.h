@@ -5,7 +5,8 @@
 // into another's code).
 //
 // V provides: F (V::VL floats), zero, set1, load / store of fp32 and of bf16 (uint16_t bits; the
-// store rounds to nearest even, NaN -> 0x7fc0, as c10::BFloat16), round_bf16, add, sub, mul, div,
+// store rounds to nearest even, NaN -> 0x7fc0, as c10::BFloat16), load of fp16 (`Half`: exact, the
+// decode attention's 16-bit K/V pages), round_bf16, add, sub, mul, div,
 // fma(a, b, c) = a*b + c, hsum, exp (the softmax's and SiLU's: ~1e-7 relative, 0 below -87,
 // NaN stays NaN), and the GEMM register tile NB weight rows x MB input rows.
 //
@@ -21,6 +22,16 @@ static inline float bits_f(uint32_t b) { float f; __builtin_memcpy(&f, &b, 4); r
 static inline uint32_t f_bits(float f) { uint32_t b; __builtin_memcpy(&b, &f, 4); return b; }
 static inline float ld1(const float* p) { return *p; }
 static inline float ld1(const uint16_t* p) { return bits_f(static_cast<uint32_t>(*p) << 16); }
+// IEEE half -> fp32, exact: normal numbers rebias the exponent, subnormals are man * 2^-24,
+// inf and NaN (payload kept) map to theirs.
+static inline float half_f(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (e == 0x1fu) return bits_f(sign | 0x7f800000u | (man << 13));
+  if (e != 0) return bits_f(sign | ((e + 112u) << 23) | (man << 13));
+  const float sub = static_cast<float>(man) * 5.9604644775390625e-8f;
+  return sign != 0 ? -sub : sub;
+}
+static inline float ld1(const Half* p) { return half_f(p->bits); }
 static inline uint16_t to_bf16(float v) {
   if (v != v) return 0x7fc0;
   const uint32_t b = f_bits(v);
@@ -266,9 +277,11 @@ void linear_rows(int dt, const LinearArgs& a, int64_t n0, int64_t n1) {
   else linear_rows_t<float>(a, n0, n1);
 }
 
-// A K or V row as fp32: itself, or converted into `buf`.
+// A K or V row as fp32: itself, or converted into `buf` (bf16 by a shift, fp16 by the ISA's
+// conversion: F16C vcvtph2ps on AVX2, its AVX-512 form, or half_f per lane).
 static inline const float* as_f32(const float* p, float*, int64_t) { return p; }
-static inline const float* as_f32(const uint16_t* p, float* buf, int64_t D) {
+template <typename KT>
+static inline const float* as_f32(const KT* p, float* buf, int64_t D) {
   int64_t d = 0;
   for (; d + VL <= D; d += VL) V::store(buf + d, V::load(p + d));
   for (; d < D; ++d) buf[d] = ld1(p + d);
@@ -277,14 +290,15 @@ static inline const float* as_f32(const uint16_t* p, float* buf, int64_t D) {
 
 // ---- paged decode attention ---------------------------------------------------------------------
 // One (request, KV head): the group's G query rows (scaled, fp32) against the request's keys,
-// a two-pass softmax in fp32 (NaN scores propagate), then p.v accumulated in fp32.
-template <typename T>
+// a two-pass softmax in fp32 (NaN scores propagate), then p.v accumulated in fp32. T: q's and
+// out's element type; KT: the pages' (fp32, bf16 or fp16, each row read as fp32).
+template <typename T, typename KT>
 static void attention_task_t(const AttnArgs& a, int64_t task, float* scratch) {
   const int64_t D = a.D, G = a.G, b = task / a.Hkv, h = task % a.Hkv;
   const int64_t L = a.lens[b], Lp = (L + 15) / 16 * 16;
   const int32_t* slots = a.table + a.rows[b] * a.t_sr;
-  const T* kp = static_cast<const T*>(a.k);
-  const T* vp = static_cast<const T*>(a.v);
+  const KT* kp = static_cast<const KT*>(a.k);
+  const KT* vp = static_cast<const KT*>(a.v);
   float* scores = scratch;
   float* qf = scores + G * Lp;
   float* acc = qf + G * D;
@@ -339,7 +353,14 @@ static void attention_task_t(const AttnArgs& a, int64_t task, float* scratch) {
   }
 }
 
-void attention_task(int dt, const AttnArgs& a, int64_t task, float* scratch) {
-  if (dt == DT_BF16) attention_task_t<uint16_t>(a, task, scratch);
-  else attention_task_t<float>(a, task, scratch);
+template <typename T>
+static void attention_task_q(int kv_dt, const AttnArgs& a, int64_t task, float* scratch) {
+  if (kv_dt == DT_F16) attention_task_t<T, Half>(a, task, scratch);
+  else if (kv_dt == DT_BF16) attention_task_t<T, uint16_t>(a, task, scratch);
+  else attention_task_t<T, float>(a, task, scratch);
+}
+
+void attention_task(int dt, int kv_dt, const AttnArgs& a, int64_t task, float* scratch) {
+  if (dt == DT_BF16) attention_task_q<uint16_t>(kv_dt, a, task, scratch);
+  else attention_task_q<float>(kv_dt, a, task, scratch);
 }

@@ -22,6 +22,7 @@ struct V {
     for (int l = 0; l < 8; ++l) { const uint32_t b = static_cast<uint32_t>(p[l]) << 16; memcpy(&r.v[l], &b, 4); }
     return r;
   }
+  static inline F load(const Half* p);  // half_f per lane (defined after the kernels' helpers)
   static inline uint16_t bf16(float f) {
     if (f != f) return 0x7fc0;
     uint32_t b;
@@ -48,6 +49,7 @@ struct V {
 
 #include "cpu_kernels_impl.h"
 
+inline V::F V::load(const Half* p) { F r; for (int l = 0; l < 8; ++l) r.v[l] = half_f(p[l].bits); return r; }
 inline V::F V::exp(F a) { for (int l = 0; l < 8; ++l) a.v[l] = exp1(a.v[l]); return a; }
 
 }  // namespace portable
