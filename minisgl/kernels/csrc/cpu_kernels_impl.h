@@ -277,21 +277,31 @@ void linear_rows(int dt, const LinearArgs& a, int64_t n0, int64_t n1) {
   else linear_rows_t<float>(a, n0, n1);
 }
 
-// A K or V row as fp32: itself, or converted into `buf` (bf16 by a shift, fp16 by the ISA's
-// conversion: F16C vcvtph2ps on AVX2, its AVX-512 form, or half_f per lane).
-static inline const float* as_f32(const float* p, float*, int64_t) { return p; }
-template <typename KT>
-static inline const float* as_f32(const KT* p, float* buf, int64_t D) {
+// ---- paged decode attention ---------------------------------------------------------------------
+// K and V rows are read in their page type KT (fp32, bf16 or fp16) and converted in registers
+// (V::load: bf16 by a shift, fp16 by F16C / AVX-512 vcvtph2ps or half_f per lane), each vector
+// once for all the group's query rows.
+
+// out[j] = k . q_j for NG query rows q_j = q + j * D (fp32, scaled).
+template <int NG, typename KT>
+static inline void group_dots(const KT* k, const float* q, int64_t D, float* out) {
+  F acc[NG];
+  for (int j = 0; j < NG; ++j) acc[j] = V::zero();
   int64_t d = 0;
-  for (; d + VL <= D; d += VL) V::store(buf + d, V::load(p + d));
-  for (; d < D; ++d) buf[d] = ld1(p + d);
-  return buf;
+  for (; d + VL <= D; d += VL) {
+    const F kv = V::load(k + d);
+    for (int j = 0; j < NG; ++j) acc[j] = V::fma(kv, V::load(q + j * D + d), acc[j]);
+  }
+  for (int j = 0; j < NG; ++j) out[j] = V::hsum(acc[j]);
+  for (; d < D; ++d) {
+    const float kd = ld1(k + d);
+    for (int j = 0; j < NG; ++j) out[j] += kd * q[j * D + d];
+  }
 }
 
-// ---- paged decode attention ---------------------------------------------------------------------
 // One (request, KV head): the group's G query rows (scaled, fp32) against the request's keys,
 // a two-pass softmax in fp32 (NaN scores propagate), then p.v accumulated in fp32. T: q's and
-// out's element type; KT: the pages' (fp32, bf16 or fp16, each row read as fp32).
+// out's element type; KT: the pages'.
 template <typename T, typename KT>
 static void attention_task_t(const AttnArgs& a, int64_t task, float* scratch) {
   const int64_t D = a.D, G = a.G, b = task / a.Hkv, h = task % a.Hkv;
@@ -302,7 +312,6 @@ static void attention_task_t(const AttnArgs& a, int64_t task, float* scratch) {
   float* scores = scratch;
   float* qf = scores + G * Lp;
   float* acc = qf + G * D;
-  float* row = acc + G * D;
   for (int64_t g = 0; g < G; ++g) {
     const T* qr = static_cast<const T*>(a.q) + b * a.q_sb + (h * G + g) * a.q_sh;
     for (int64_t d = 0; d < D; ++d) qf[g * D + d] = ld1(qr + d) * a.scale;
@@ -310,11 +319,18 @@ static void attention_task_t(const AttnArgs& a, int64_t task, float* scratch) {
   float m[64];  // G <= 64 (checked by the dispatcher)
   for (int64_t g = 0; g < G; ++g) m[g] = -__builtin_inff();
   for (int64_t l = 0; l < L; ++l) {
-    const float* kf = as_f32(kp + static_cast<int64_t>(slots[l]) * a.kv_ss + h * a.kv_sh, row, D);
-    for (int64_t g = 0; g < G; ++g) {
-      const float s = dot(kf, qf + g * D, D);
-      scores[g * Lp + l] = s;
-      if (!(s <= m[g])) m[g] = s;  // a NaN score makes the row NaN, as in the reference
+    const KT* kr = kp + static_cast<int64_t>(slots[l]) * a.kv_ss + h * a.kv_sh;
+    for (int64_t g0 = 0; g0 < G; g0 += 4) {  // up to 4 query rows per pass over the key
+      float s[4];
+      const int64_t n = G - g0 < 4 ? G - g0 : 4;
+      if (n == 4) group_dots<4>(kr, qf + g0 * D, D, s);
+      else if (n == 3) group_dots<3>(kr, qf + g0 * D, D, s);
+      else if (n == 2) group_dots<2>(kr, qf + g0 * D, D, s);
+      else group_dots<1>(kr, qf + g0 * D, D, s);
+      for (int64_t j = 0; j < n; ++j) {
+        scores[(g0 + j) * Lp + l] = s[j];
+        if (!(s[j] <= m[g0 + j])) m[g0 + j] = s[j];  // a NaN score makes the row NaN, as in the reference
+      }
     }
   }
   float inv[64];
@@ -334,14 +350,18 @@ static void attention_task_t(const AttnArgs& a, int64_t task, float* scratch) {
   }
   for (int64_t i = 0; i < G * D; ++i) acc[i] = 0.f;
   for (int64_t l = 0; l < L; ++l) {
-    const float* vf = as_f32(vp + static_cast<int64_t>(slots[l]) * a.kv_ss + h * a.kv_sh, row, D);
-    int64_t d;
-    for (int64_t g = 0; g < G; ++g) {
-      const float p = scores[g * Lp + l];
-      const F pv = V::set1(p);
-      float* ag = acc + g * D;
-      for (d = 0; d + VL <= D; d += VL) V::store(ag + d, V::fma(pv, V::load(vf + d), V::load(ag + d)));
-      for (; d < D; ++d) ag[d] += p * vf[d];
+    const KT* vr = vp + static_cast<int64_t>(slots[l]) * a.kv_ss + h * a.kv_sh;
+    int64_t d = 0;
+    for (; d + VL <= D; d += VL) {
+      const F vv = V::load(vr + d);
+      for (int64_t g = 0; g < G; ++g) {
+        float* ag = acc + g * D + d;
+        V::store(ag, V::fma(V::set1(scores[g * Lp + l]), vv, V::load(ag)));
+      }
+    }
+    for (; d < D; ++d) {
+      const float vd = ld1(vr + d);
+      for (int64_t g = 0; g < G; ++g) acc[g * D + d] += scores[g * Lp + l] * vd;
     }
   }
   for (int64_t g = 0; g < G; ++g) {
