@@ -282,17 +282,25 @@ void linear_rows(int dt, const LinearArgs& a, int64_t n0, int64_t n1) {
 // (V::load: bf16 by a shift, fp16 by F16C / AVX-512 vcvtph2ps or half_f per lane), each vector
 // once for all the group's query rows.
 
-// out[j] = k . q_j for NG query rows q_j = q + j * D (fp32, scaled).
+// out[j] = k . q_j for NG query rows q_j = q + j * D (fp32, scaled); two accumulators per row
+// (even and odd vectors), so the FMA chains are half as long.
 template <int NG, typename KT>
 static inline void group_dots(const KT* k, const float* q, int64_t D, float* out) {
-  F acc[NG];
-  for (int j = 0; j < NG; ++j) acc[j] = V::zero();
+  F acc[NG], acc1[NG];
+  for (int j = 0; j < NG; ++j) acc[j] = acc1[j] = V::zero();
   int64_t d = 0;
+  for (; d + 2 * VL <= D; d += 2 * VL) {
+    const F k0 = V::load(k + d), k1 = V::load(k + d + VL);
+    for (int j = 0; j < NG; ++j) {
+      acc[j] = V::fma(k0, V::load(q + j * D + d), acc[j]);
+      acc1[j] = V::fma(k1, V::load(q + j * D + d + VL), acc1[j]);
+    }
+  }
   for (; d + VL <= D; d += VL) {
     const F kv = V::load(k + d);
     for (int j = 0; j < NG; ++j) acc[j] = V::fma(kv, V::load(q + j * D + d), acc[j]);
   }
-  for (int j = 0; j < NG; ++j) out[j] = V::hsum(acc[j]);
+  for (int j = 0; j < NG; ++j) out[j] = V::hsum(V::add(acc[j], acc1[j]));
   for (; d < D; ++d) {
     const float kd = ld1(k + d);
     for (int j = 0; j < NG; ++j) out[j] += kd * q[j * D + d];
