@@ -22,8 +22,9 @@ struct V {
     for (int l = 0; l < 8; ++l) { const uint32_t b = static_cast<uint32_t>(p[l]) << 16; memcpy(&r.v[l], &b, 4); }
     return r;
   }
-  // fp16 -> fp32, exact, branch-free per lane (so -O3 vectorizes it): normals and inf/NaN rebias
-  // the exponent field, subnormals are their integer mantissa times 2^-24.
+  // fp16 -> fp32, exact, branch-free per lane: normals and inf/NaN rebias the exponent field,
+  // subnormals are their integer mantissa times 2^-24. (GCC keeps this scalar at the x86-64
+  // baseline: fp16 pages cost ~2.5x fp32 pages' attention time on this path; docs/performance.md.)
   static inline F load(const Half* p) {
     F r;
     for (int l = 0; l < 8; ++l) {
