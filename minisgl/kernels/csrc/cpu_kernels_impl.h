@@ -282,6 +282,13 @@ void linear_rows(int dt, const LinearArgs& a, int64_t n0, int64_t n1) {
 // (V::load: bf16 by a shift, fp16 by F16C / AVX-512 vcvtph2ps or half_f per lane), each vector
 // once for all the group's query rows.
 
+// Rows PREFETCH keys ahead are requested early: pages are scattered, so the hardware prefetcher
+// loses the stream at each page boundary.
+constexpr int64_t PREFETCH = 8;
+static inline void prefetch_row(const void* p, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(static_cast<const char*>(p) + o);
+}
+
 // out[j] = k . q_j for NG query rows q_j = q + j * D (fp32, scaled); two accumulators per row
 // (even and odd vectors), so the FMA chains are half as long.
 template <int NG, typename KT>
@@ -326,8 +333,10 @@ static void attention_task_t(const AttnArgs& a, int64_t task, float* scratch) {
   }
   float m[64];  // G <= 64 (checked by the dispatcher)
   for (int64_t g = 0; g < G; ++g) m[g] = -__builtin_inff();
+  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(KT));
   for (int64_t l = 0; l < L; ++l) {
     const KT* kr = kp + static_cast<int64_t>(slots[l]) * a.kv_ss + h * a.kv_sh;
+    if (l + PREFETCH < L) prefetch_row(kp + static_cast<int64_t>(slots[l + PREFETCH]) * a.kv_ss + h * a.kv_sh, row_bytes);
     for (int64_t g0 = 0; g0 < G; g0 += 4) {  // up to 4 query rows per pass over the key
       float s[4];
       const int64_t n = G - g0 < 4 ? G - g0 : 4;
@@ -359,6 +368,7 @@ static void attention_task_t(const AttnArgs& a, int64_t task, float* scratch) {
   for (int64_t i = 0; i < G * D; ++i) acc[i] = 0.f;
   for (int64_t l = 0; l < L; ++l) {
     const KT* vr = vp + static_cast<int64_t>(slots[l]) * a.kv_ss + h * a.kv_sh;
+    if (l + PREFETCH < L) prefetch_row(vp + static_cast<int64_t>(slots[l + PREFETCH]) * a.kv_ss + h * a.kv_sh, row_bytes);
     int64_t d = 0;
     for (; d + VL <= D; d += VL) {
       const F vv = V::load(vr + d);
