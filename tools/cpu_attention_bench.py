@@ -4,7 +4,8 @@ Decode attention (SmolLM2's heads: 3 KV heads x 3 q heads, head_dim 64; 32 reque
 tokens on 16-token pages scattered over a 64k-slot pool) and the per-token ops at SmolLM2's
 shapes (hidden 576, intermediate 1536, 9 + 3 heads), in bf16 and fp32, on every code path of the
 C++ CPU kernels this CPU runs (avx512bf16, avx512, avx2, portable: kernels/cpp_ext.py) next to the torch
-path. Prints us per call (the best of several timed batches: the CI machine is shared and noisy)
+path. fp32 also times decode attention over fp16 and bf16 pages (fp32 q and math: the GGUF default's
+16-bit KV, kvcache/pool.py). Prints us per call (the best of several timed batches: the CI machine is shared and noisy)
 and, for attention, the K/V bytes read per second. `--old REV` adds the AVX-512-only torch
 extensions of git revision REV (before/after); `--threads 1 --clock cpu` is the robust setting on
 a busy machine.
@@ -75,12 +76,13 @@ def load_old(rev: str) -> tuple[object, object]:
     return built[0], built[1]
 
 
-def attention_case(dtype: torch.dtype) -> tuple:
+def attention_case(dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> tuple:
+    """q of `dtype` over pages of `kv_dtype` (default: `dtype`)."""
     rng = random.Random(0)
     torch.manual_seed(0)
     lens = [rng.randint(128, 640) for _ in range(BATCH)]
-    k = torch.randn(SLOTS, KV_HEADS, HEAD_DIM).to(dtype)
-    v = torch.randn(SLOTS, KV_HEADS, HEAD_DIM).to(dtype)
+    k = torch.randn(SLOTS, KV_HEADS, HEAD_DIM).to(kv_dtype or dtype)
+    v = torch.randn(SLOTS, KV_HEADS, HEAD_DIM).to(kv_dtype or dtype)
     table = torch.zeros(BATCH, 1024, dtype=torch.int32)
     pages, used = torch.randperm(SLOTS // PAGE), 0
     for i, n in enumerate(lens):
@@ -97,8 +99,8 @@ def torch_attention(q, k, v, table, rows, seq_lens, scale):  # type: ignore[no-u
     outs = []
     for i in range(q.shape[0]):
         slots = table[rows[i], : int(seq_lens[i])].long()
-        ki = k.index_select(0, slots).transpose(0, 1)
-        vi = v.index_select(0, slots).transpose(0, 1)
+        ki = k.index_select(0, slots).to(q.dtype).transpose(0, 1)
+        vi = v.index_select(0, slots).to(q.dtype).transpose(0, 1)
         qi = q[i].view(KV_HEADS, GROUP, HEAD_DIM)
         outs.append(F.scaled_dot_product_attention(qi, ki, vi, scale=scale).reshape(-1, HEAD_DIM))
     return torch.stack(outs)
@@ -119,6 +121,12 @@ def cases(lib: cpp_ext.CpuKernels, dtype: torch.dtype, old: tuple | None) -> dic
     weight = torch.randn(INTER, HIDDEN).to(dtype)
     att = attention_case(dtype)
     scale = HEAD_DIM**-0.5
+    narrow = {}  # fp32 q over 16-bit pages
+    for kv_name, kv_dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)) if dtype == torch.float32 else ():
+        case = attention_case(dtype, kv_dtype)
+        narrow[f"decode attention 32 reqs, {kv_name} pages"] = (
+            lambda c=case: torch_attention(*c, scale), lambda i, c=case: lambda: lib.decode_attention(*c, scale, i),
+            10, None)  # fmt: skip
     return {
         "rms_norm [1, 576]": (lambda: rms_norm_ref(x1, w, 1e-5), lambda i: lambda: lib.rms_norm(x1, w, 1e-5, i), 2000,
                               ops and (lambda: ops.rms_norm(x1, w, 1e-5))),
@@ -142,6 +150,7 @@ def cases(lib: cpp_ext.CpuKernels, dtype: torch.dtype, old: tuple | None) -> dic
         "decode attention 32 reqs": (lambda: torch_attention(*att, scale),
                                      lambda i: lambda: lib.decode_attention(*att, scale, i), 10,
                                      attn and (lambda: attn.decode_attention(*att, scale))),
+        **narrow,
     }  # fmt: skip
 
 
@@ -169,16 +178,20 @@ def main() -> None:
         extra = "       old" if old is not None and dtype == torch.bfloat16 else ""
         print(f"\n{name}, us per call ({args.clock} clock, best of 5 batches)")
         print(f"{'':>6}{'op':<40}" + "".join(f"{p:>10}" for p in paths) + f"{'torch':>10}{extra}")
-        times: list[float] = []
+        attention: dict[str, list[float]] = {}
         for op, (ref, make, runs, before) in cases(lib, dtype, old).items():
             n = max(1, int(runs * args.scale))
             times = [best_us(make(p), n) for p in paths] + [best_us(ref, max(1, n // 4))]
             after = [best_us(before, n)] if before else []
             print(f"{name:>4}  {op:<40}" + "".join(f"{t:>10.1f}" for t in times + after))
+            if op.startswith("decode attention"):
+                attention[op] = times
         seq_lens = attention_case(dtype)[-1]
-        kv_bytes = 2 * int(seq_lens.sum()) * KV_HEADS * HEAD_DIM * dtype.itemsize
-        rates = ", ".join(f"{p} {kv_bytes / t / 1e3:.1f}" for p, t in zip([*paths, "torch"], times))
-        print(f"{name:>4}  decode attention reads {kv_bytes / 1e6:.1f} MB of K/V per call: GB/s {rates}")
+        for op, times in attention.items():
+            itemsize = 2 if op.endswith("pages") else dtype.itemsize
+            kv_bytes = 2 * int(seq_lens.sum()) * KV_HEADS * HEAD_DIM * itemsize
+            rates = ", ".join(f"{p} {kv_bytes / t / 1e3:.1f}" for p, t in zip([*paths, "torch"], times))
+            print(f"{name:>4}  {op} reads {kv_bytes / 1e6:.1f} MB of K/V per call: GB/s {rates}")
 
 
 if __name__ == "__main__":

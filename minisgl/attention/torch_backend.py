@@ -115,11 +115,12 @@ class TorchAttnBackend(BaseAttnBackend):
         self.sm_scale = sm_scale
         self.specs: dict[int, AttnLayerSpec] = {}
         # Decode on CPU: one C++ call per layer (kernels/cpu_attention.py), built here at engine
-        # start, over bf16 caches, and over fp32 ones where the kernel config allows it
-        # (cpu_kernels_fp32: GGUF weights kept quantized); a float fp32 model keeps the per-request
-        # SDPA path (the exact-parity mode).
+        # start, for a bf16 model, and for fp32 activations where the kernel config allows it
+        # (cpu_kernels_fp32: GGUF weights kept quantized), over fp32, bf16 or fp16 pages; a float
+        # fp32 model keeps the per-request SDPA path (the exact-parity mode). Pages narrower than
+        # q (fp16 under fp32: kvcache/pool.py) are read into q's dtype on both paths.
         self.cpu_kernel = False
-        if pool.k[0].device.type == "cpu" and pool.dtype in cpu_attention.pool_dtypes():
+        if pool.k[0].device.type == "cpu" and cpu_attention.takes(pool.dtype, pool.compute_dtype):
             self.cpu_kernel = cpu_attention.load() is not None
 
     def configure_layer(self, layer_id: int, spec: AttnLayerSpec) -> None:

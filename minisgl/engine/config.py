@@ -13,7 +13,8 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 # on CPU at one rank with --dtype auto and real weights; else the dtype's (an explicit --dtype
 # float32 is the dequantized fp32 model, as before). Resolved, it is "gguf" or the model's dtype.
 Weights = Literal["auto", "gguf", "float32", "bfloat16", "float16"]
-KVCacheDType = Literal["auto", "fp8_e4m3"]
+# KV pages: see EngineConfig.kv_cache_dtype.
+KVCacheDType = Literal["auto", "float32", "bfloat16", "float16", "fp8_e4m3"]
 # Weight quantization: "auto" = the checkpoint's (its quantization_config; float weights stay
 # float); "fp8" = float8 W8A8, a float checkpoint quantized at load (per-channel weight scales,
 # per-token activation scales; models/quant_fp8.py).
@@ -34,8 +35,11 @@ class EngineConfig:
     page_size: int = 16
     num_pages: int | None = None  # None: derived from memory_fraction / kv_cache_gb
     kv_cache_gb: float | None = None  # explicit KV budget (GiB); wins over memory_fraction
-    # KV pool element type: "auto" = the model dtype; "fp8_e4m3" = float8 pages with per-layer
-    # scales (the checkpoint's, else 1.0): half the bytes of bf16, twice the tokens per GiB.
+    # KV pool element type: "auto" = the model dtype, but fp16 for GGUF weights kept quantized on
+    # CPU (fp32 math over 16-bit pages: kvcache/pool.py resolve_kv_dtype); "float32" / "bfloat16" /
+    # "float16" = pages of that type (another than the model's: the torch attention backend);
+    # "fp8_e4m3" = float8 pages with per-layer scales (the checkpoint's, else 1.0): half the bytes
+    # of bf16, twice the tokens per GiB.
     kv_cache_dtype: KVCacheDType = "auto"
     quantization: Quantization = "auto"  # see Quantization
     # float8 KV without scales in the checkpoint: measure them at start (engine/kv_scales.py);

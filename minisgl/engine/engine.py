@@ -29,7 +29,7 @@ from minisgl.engine.sampler import LogitsControls, Sampler, SamplingBatch, token
 from minisgl.engine.step import ForwardOut, LaunchedStep, PromptChunk, StepPlan, chunked_logprobs, host_copy
 from minisgl.utils.transfer import StagingRing, stacked, upload, upload_many
 from minisgl.kvcache.latent_pool import LatentPool
-from minisgl.kvcache.pool import KV_CACHE_DTYPES, KVPool
+from minisgl.kvcache.pool import KVPool, resolve_kv_dtype
 from minisgl.layers.attention import AttentionLayer
 from minisgl.layers.rotary import long_rope_rows
 from minisgl.models.config import ModelConfig
@@ -184,9 +184,14 @@ class Engine:
         cfg, mc = self.config, self.model_config
         tp = get_tp_info()
         kv_heads = max(1, mc.num_kv_heads // tp.size)
-        kv_dtype = KV_CACHE_DTYPES.get(cfg.kv_cache_dtype, self.dtype)
-        per_page = KVPool.bytes_per_page(mc.num_layers, cfg.page_size, kv_heads, mc.head_dim, kv_dtype)
         mla = mc.deepseek  # MLA caches one latent per token and layer (kvcache/latent_pool.py)
+        assert cfg.attn is not None
+        kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype, cfg.weights == "gguf", cfg.attn, mla is not None)
+        if kv_dtype != torch.float8_e4m3fn:  # float8's line (with its scales) comes from _set_kv_scales
+            math = f", read into {str(self.dtype).removeprefix('torch.')} math" if kv_dtype != self.dtype else ""
+            logger.info("KV cache in %s (--kv-cache-dtype %s)%s", str(kv_dtype).removeprefix("torch."),
+                        cfg.kv_cache_dtype, math)  # fmt: skip
+        per_page = KVPool.bytes_per_page(mc.num_layers, cfg.page_size, kv_heads, mc.head_dim, kv_dtype)
         if mla is not None:
             per_token = LatentPool.bytes_per_token(mc.num_layers, mla.kv_lora_rank, mla.qk_rope_head_dim, kv_dtype)
             per_page = per_token * cfg.page_size

@@ -4,9 +4,34 @@ import mmap
 
 import torch
 
-# KV cache element types beside the model's own dtype: `--kv-cache-dtype` names -> torch dtypes.
-KV_CACHE_DTYPES: dict[str, torch.dtype] = {"fp8_e4m3": torch.float8_e4m3fn}
+# `--kv-cache-dtype` names -> the pages' torch dtype ("auto": `resolve_kv_dtype` decides).
+KV_CACHE_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp8_e4m3": torch.float8_e4m3fn,
+}
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
+
+
+def resolve_kv_dtype(choice: str, model_dtype: torch.dtype, gguf_blocks: bool, attn: str, latent: bool) -> torch.dtype:
+    """The pages' dtype for `--kv-cache-dtype choice`. "auto": the model dtype, except for GGUF
+    weights kept quantized (`gguf_blocks`: fp32 activations on CPU) under the torch backend, where
+    pages are fp16 (half the bytes; each element rounded to nearest even on store, read back into
+    fp32 math: llama.cpp's f16 cache). A float dtype other than the model's needs the torch backend
+    (it reads pages into q's dtype; the Triton kernels take the model's dtype or float8) and a
+    K/V pool (an MLA latent cache stays in the model dtype); else a ValueError naming the flag."""
+    if choice == "auto":
+        return torch.float16 if gguf_blocks and attn == "torch" and not latent else model_dtype
+    dtype = KV_CACHE_DTYPES[choice]
+    if dtype not in (model_dtype, torch.float8_e4m3fn):
+        if latent:
+            raise ValueError(f"an MLA model's latent cache is in the model dtype: drop --kv-cache-dtype {choice}")
+        if attn != "torch":
+            model = str(model_dtype).removeprefix("torch.")
+            raise ValueError(f"--kv-cache-dtype {choice} under a {model} model needs --attn torch (the {attn} "
+                             f"kernels read pages of the model dtype or fp8_e4m3)")  # fmt: skip
+    return dtype
 
 
 def zeroed_buffers(count: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
@@ -31,6 +56,9 @@ class KVPool:
 
     One extra page past `num_pages` is a scratch page: padded (CUDA-graph) batch entries write there,
     so they never touch a live request's KV.
+
+    A pool may be narrower than the model (`compute_dtype`): fp16 or bf16 pages under fp32
+    activations store each element rounded to nearest even, and attention reads them into fp32.
 
     A float8 pool (`dtype` float8_e4m3fn) stores `k / k_scale[layer]` (and v likewise), saturated
     at +-448; readers multiply back. The scales are per layer, 1.0 unless the checkpoint has them

@@ -129,7 +129,9 @@ def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -
                       "it holds, not with the pool's size)")  # fmt: skip
     size.add_argument("--kv-cache-gb", type=positive_float, default=None, help="KV pool size in GiB")
     k.add_argument("--kv-cache-dtype", default=defaults.kv_cache_dtype, choices=list(get_args(KVCacheDType)),
-                   help="KV cache element type: auto = the model dtype; fp8_e4m3 = float8 pages with the "
+                   help="KV cache element type: auto = the model dtype, except fp16 pages for GGUF weights "
+                   "kept quantized on CPU (fp32 math, half the bytes); float32 / bfloat16 / float16 = pages "
+                   "of that type (another than the model's: --attn torch); fp8_e4m3 = float8 pages with the "
                    "checkpoint's per-layer scales (else 1.0), twice the tokens per GiB (default: auto)")  # fmt: skip
     k.add_argument("--calculate-kv-scales", action=argparse.BooleanOptionalAction, default=defaults.calculate_kv_scales,
                    help="fp8 KV cache of a checkpoint without KV scales: measure per-layer scales on a "

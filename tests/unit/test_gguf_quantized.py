@@ -75,7 +75,9 @@ MIXED = {"attn_q.weight": QT.Q4_K, "attn_k.weight": QT.Q4_K, "attn_v.weight": QT
 
 
 def _run(path: Path, **kwargs: Any) -> tuple[LLM, list[Any]]:
-    llm = LLM(str(path), device="cpu", page_size=4, num_pages=64, **kwargs)
+    # fp32 KV pages on both sides: this compares the weights alone (the GGUF default's fp16 pages
+    # are tests/golden/test_kv16.py's and test_embedded_quantized.py's).
+    llm = LLM(str(path), device="cpu", page_size=4, num_pages=64, kv_cache_dtype="float32", **kwargs)
     return llm, llm.generate(PROMPTS, GREEDY, use_tqdm=False)
 
 

@@ -1,5 +1,6 @@
 // AVX2 + FMA path of the float CPU kernels (Zen 2/3, Intel client chips): bf16 is loaded and stored
-// by 16-bit shifts, all math in fp32. The whole file is compiled for that target through a target
+// by 16-bit shifts, fp16 K/V pages loaded by F16C's vcvtph2ps (every AVX2 CPU has F16C), all math
+// in fp32. The whole file is compiled for that target through a target
 // pragma (GCC) / attribute (clang), not -march flags, so the library also loads on CPUs without
 // AVX2; the dispatcher (cpu_dispatch.cpp) runs this code only after cpuid says the CPU has it.
 #include <cstdint>
@@ -12,10 +13,10 @@
 #include <immintrin.h>
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 #endif
 
 namespace minisgl_cpu {
@@ -32,6 +33,7 @@ struct V {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
+  static inline F load(const Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   // Round to nearest even into the low 16 bits of each lane; NaN -> 0x7fc0 (c10::BFloat16's rule).
   static inline __m256i bf16_bits(F x) {
     const __m256i b = _mm256_castps_si256(x);

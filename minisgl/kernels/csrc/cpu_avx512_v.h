@@ -13,6 +13,7 @@ struct V {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
+  static inline F load(const Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   // Round to nearest even into the low 16 bits of each lane; NaN -> 0x7fc0 (c10::BFloat16's rule).
   static inline __m512i bf16_bits(F x) {
     const __m512i b = _mm512_castps_si512(x);

@@ -23,7 +23,7 @@ int minisgl_cpu_rotary(int, int, const int64_t*, const void*, int64_t, int64_t, 
 int minisgl_cpu_silu_and_mul(int, int, const void*, int64_t, int64_t, int64_t, void*, int);
 int minisgl_cpu_linear(int, int, const void*, int64_t, int64_t, const void*, int64_t, int64_t, int64_t,
                        const void*, void*, int);
-int minisgl_cpu_decode_attention(int, int, const void*, int64_t, int64_t, const void*, const void*, int64_t,
+int minisgl_cpu_decode_attention(int, int, int, const void*, int64_t, int64_t, const void*, const void*, int64_t,
                                  int64_t, const int32_t*, int64_t, int64_t, int64_t, const int64_t*,
                                  const int32_t*, int64_t, int64_t, int64_t, int64_t, double, void*, int64_t,
                                  int64_t, int);
@@ -47,6 +47,7 @@ void check_status(int rc, const char* what) {
   TORCH_CHECK(rc != 4, what, ": out of memory");
   TORCH_CHECK(rc != 5, what, ": position out of the table");
   TORCH_CHECK(rc != 6, what, ": row or length outside the token table");
+  TORCH_CHECK(rc != 7, what, ": unsupported dtype");
   TORCH_CHECK(rc == 0, what, ": error ", rc);
 }
 
@@ -157,12 +158,21 @@ Tensor linear(const Tensor& x, const Tensor& w, const c10::optional<Tensor>& bia
   return out;
 }
 
-// q [B, Hq, D]; pools [S, Hkv, D]; table [R, C] int32 slots; rows [B] int64; seq_lens [B] int32.
+// The pools' dtype id (0 fp32, 1 bf16, 2 fp16): K and V CPU tensors of one of those, the same.
+int kv_dtype_of(const Tensor& k, const Tensor& v) {
+  const auto st = k.scalar_type();
+  TORCH_CHECK(k.device().is_cpu() && v.device().is_cpu() && st == v.scalar_type() &&
+                  (st == at::kFloat || st == at::kBFloat16 || st == at::kHalf),
+              "decode attention: K/V pools of one dtype (fp32, bf16 or fp16) on the CPU expected");
+  return st == at::kHalf ? 2 : st == at::kBFloat16 ? 1 : 0;
+}
+
+// q [B, Hq, D] (fp32 or bf16; out of q's dtype); pools [S, Hkv, D] (fp32, bf16 or fp16, read as
+// fp32); table [R, C] int32 slots; rows [B] int64; seq_lens [B] int32.
 Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& table,
                         const Tensor& rows, const Tensor& seq_lens, double scale, int isa) {
   const int dt = dtype_of(q, "decode attention q");
-  dtype_of(k_cache, "decode attention k_cache", &q);
-  dtype_of(v_cache, "decode attention v_cache", &q);
+  const int kv_dt = kv_dtype_of(k_cache, v_cache);
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && q.size(2) == k_cache.size(2),
               "decode attention: q [B, Hq, D], pools [S, Hkv, D]");
   TORCH_CHECK(q.stride(2) == 1 && k_cache.stride(2) == 1 && v_cache.stride(2) == 1,
@@ -181,7 +191,7 @@ Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   TORCH_CHECK(table.stride(1) == 1 && rows.is_contiguous() && seq_lens.is_contiguous(),
               "decode attention: unit-stride table rows, contiguous rows and seq_lens");
   Tensor out = at::empty({B, q.size(1), q.size(2)}, q.options());
-  check_status(minisgl_cpu_decode_attention(isa, dt, q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(),
+  check_status(minisgl_cpu_decode_attention(isa, dt, kv_dt, q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(),
                                             v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
                                             table.data_ptr<int32_t>(), table.stride(0), table.size(0), table.size(1),
                                             rows.data_ptr<int64_t>(), seq_lens.data_ptr<int32_t>(), B, q.size(1),

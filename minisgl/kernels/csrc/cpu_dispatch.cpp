@@ -42,7 +42,8 @@ static int cpu_mask() {
   int mask = 1 << ISA_PORTABLE;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) mask |= 1 << ISA_AVX2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    mask |= 1 << ISA_AVX2;
   if ((mask & (1 << ISA_AVX2)) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
     mask |= 1 << ISA_AVX512;
@@ -170,12 +171,14 @@ int minisgl_cpu_linear(int isa, int dt, const void* x, int64_t xs, int64_t M, co
   return OK;
 }
 
-int minisgl_cpu_decode_attention(int isa, int dt, const void* q, int64_t q_sb, int64_t q_sh, const void* k,
+// dt: q's and out's dtype (fp32 or bf16); kv_dt: the pools' (fp32, bf16 or fp16).
+int minisgl_cpu_decode_attention(int isa, int dt, int kv_dt, const void* q, int64_t q_sb, int64_t q_sh, const void* k,
                                  const void* v, int64_t kv_ss, int64_t kv_sh, const int32_t* table, int64_t t_sr,
                                  int64_t t_rows, int64_t t_cols, const int64_t* rows, const int32_t* lens, int64_t B,
                                  int64_t Hq, int64_t Hkv, int64_t D, double scale, void* out, int64_t o_sb,
                                  int64_t o_sh, int nthreads) {
   if (!usable(isa)) return BAD_ISA;
+  if ((dt != DT_F32 && dt != DT_BF16) || (kv_dt != DT_F32 && kv_dt != DT_BF16 && kv_dt != DT_F16)) return BAD_DTYPE;
   int64_t max_len = 0;
   for (int64_t b = 0; b < B; ++b) {  // O(B): every read below stays inside the table
     if (rows[b] < 0 || rows[b] >= t_rows || lens[b] < 0 || lens[b] > t_cols) return BAD_TABLE;
@@ -186,7 +189,7 @@ int minisgl_cpu_decode_attention(int isa, int dt, const void* q, int64_t q_sb, i
                    static_cast<float>(scale), out, o_sb, o_sh};
   bool bf16_dot = false;
 #ifdef MINISGL_CPU_HAVE_X86
-  bf16_dot = isa == ISA_AVX512BF16 && dt == DT_BF16 && avx512bf16::attention_fits(D, G);
+  bf16_dot = isa == ISA_AVX512BF16 && dt == DT_BF16 && kv_dt == DT_BF16 && avx512bf16::attention_fits(D, G);
 #endif
   const int64_t tasks = B * Hkv;
   const int64_t scratch = G * ((max_len + 15) / 16 * 16) + 2 * G * D + 2 * D + 64;
@@ -202,7 +205,7 @@ int minisgl_cpu_decode_attention(int isa, int dt, const void* q, int64_t q_sb, i
       if (bf16_dot) avx512bf16::attention_task_dot(a, task, buf);
       else
 #endif
-        MINISGL_CPU_CALL(isa, attention_task, dt, a, task, buf);
+        MINISGL_CPU_CALL(isa, attention_task, dt, kv_dt, a, task, buf);
     }
   });
   return status.load();

@@ -11,8 +11,13 @@ namespace minisgl_cpu {
 // ISA ids, also the bit positions of the masks that minisgl_cpu_isas_* return.
 // ISA_AVX512: F/BW/VL/DQ; ISA_AVX512BF16: the same plus the AVX512-BF16 instructions.
 enum Isa : int { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512BF16 = 3 };
-// Element types of the activations and weights: fp32, or bf16 stored as its 16 bits.
-enum Dtype : int { DT_F32 = 0, DT_BF16 = 1 };
+// Element types of the activations and weights: fp32, or bf16 stored as its 16 bits; the decode
+// attention's K/V pages may also be fp16 (IEEE half, `Half`), read into fp32 math.
+enum Dtype : int { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
+// An fp16 element's bits: its own type, so the kernels overload on it apart from bf16's uint16_t.
+struct Half {
+  uint16_t bits;
+};
 
 // RMSNorm over rows of H: out = w * round(x * rsqrt(mean(x^2) + eps)); with `res`, x is first
 // replaced by round(x + res), which is also written to `total`. out, res, total: [T, H] contiguous.
@@ -67,6 +72,7 @@ struct LinearArgs {
 
 // Paged decode attention: q [B, Hq, D]; pools [S, Hkv, D] (K and V share strides); table [R, C]
 // int32 slots; rows [B] int64; lens [B] int32; out [B, Hq, D]. One task per (request, KV head).
+// q and out are of the activations' dtype `dt`, the pools of `kv_dt` (fp32, bf16 or fp16).
 struct AttnArgs {
   const void* q;
   int64_t q_sb, q_sh;
@@ -93,6 +99,6 @@ struct AttnArgs {
   void rotary_tasks(int dt, const RotaryArgs& a, int64_t t0, int64_t t1);                          \
   void silu_tasks(int dt, const SiluArgs& a, int64_t t0, int64_t t1);                              \
   void linear_rows(int dt, const LinearArgs& a, int64_t n0, int64_t n1);                           \
-  void attention_task(int dt, const AttnArgs& a, int64_t task, float* scratch);                    \
+  void attention_task(int dt, int kv_dt, const AttnArgs& a, int64_t task, float* scratch);        \
   }                                                                                                \
   }

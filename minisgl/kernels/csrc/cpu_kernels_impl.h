@@ -5,7 +5,8 @@
 // into another's code).
 //
 // V provides: F (V::VL floats), zero, set1, load / store of fp32 and of bf16 (uint16_t bits; the
-// store rounds to nearest even, NaN -> 0x7fc0, as c10::BFloat16), round_bf16, add, sub, mul, div,
+// store rounds to nearest even, NaN -> 0x7fc0, as c10::BFloat16), load of fp16 (`Half`: exact, the
+// decode attention's 16-bit K/V pages), round_bf16, add, sub, mul, div,
 // fma(a, b, c) = a*b + c, hsum, exp (the softmax's and SiLU's: ~1e-7 relative, 0 below -87,
 // NaN stays NaN), and the GEMM register tile NB weight rows x MB input rows.
 //
@@ -21,6 +22,16 @@ static inline float bits_f(uint32_t b) { float f; __builtin_memcpy(&f, &b, 4); r
 static inline uint32_t f_bits(float f) { uint32_t b; __builtin_memcpy(&b, &f, 4); return b; }
 static inline float ld1(const float* p) { return *p; }
 static inline float ld1(const uint16_t* p) { return bits_f(static_cast<uint32_t>(*p) << 16); }
+// IEEE half -> fp32, exact: normal numbers rebias the exponent, subnormals are man * 2^-24,
+// inf and NaN (payload kept) map to theirs.
+static inline float half_f(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (e == 0x1fu) return bits_f(sign | 0x7f800000u | (man << 13));
+  if (e != 0) return bits_f(sign | ((e + 112u) << 23) | (man << 13));
+  const float sub = static_cast<float>(man) * 5.9604644775390625e-8f;
+  return sign != 0 ? -sub : sub;
+}
+static inline float ld1(const Half* p) { return half_f(p->bits); }
 static inline uint16_t to_bf16(float v) {
   if (v != v) return 0x7fc0;
   const uint32_t b = f_bits(v);
@@ -266,41 +277,77 @@ void linear_rows(int dt, const LinearArgs& a, int64_t n0, int64_t n1) {
   else linear_rows_t<float>(a, n0, n1);
 }
 
-// A K or V row as fp32: itself, or converted into `buf`.
-static inline const float* as_f32(const float* p, float*, int64_t) { return p; }
-static inline const float* as_f32(const uint16_t* p, float* buf, int64_t D) {
-  int64_t d = 0;
-  for (; d + VL <= D; d += VL) V::store(buf + d, V::load(p + d));
-  for (; d < D; ++d) buf[d] = ld1(p + d);
-  return buf;
+// ---- paged decode attention ---------------------------------------------------------------------
+// K and V rows are read in their page type KT (fp32, bf16 or fp16) and converted in registers
+// (V::load: bf16 by a shift, fp16 by F16C / AVX-512 vcvtph2ps or half_f per lane), each vector
+// once for all the group's query rows.
+
+// Rows PREFETCH keys ahead are requested early: pages are scattered, so the hardware prefetcher
+// loses the stream at each page boundary.
+constexpr int64_t PREFETCH = 8;
+static inline void prefetch_row(const void* p, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(static_cast<const char*>(p) + o);
 }
 
-// ---- paged decode attention ---------------------------------------------------------------------
+// out[j] = k . q_j for NG query rows q_j = q + j * D (fp32, scaled); two accumulators per row
+// (even and odd vectors), so the FMA chains are half as long.
+template <int NG, typename KT>
+static inline void group_dots(const KT* k, const float* q, int64_t D, float* out) {
+  F acc[NG], acc1[NG];
+  for (int j = 0; j < NG; ++j) acc[j] = acc1[j] = V::zero();
+  int64_t d = 0;
+  for (; d + 2 * VL <= D; d += 2 * VL) {
+    const F k0 = V::load(k + d), k1 = V::load(k + d + VL);
+    for (int j = 0; j < NG; ++j) {
+      acc[j] = V::fma(k0, V::load(q + j * D + d), acc[j]);
+      acc1[j] = V::fma(k1, V::load(q + j * D + d + VL), acc1[j]);
+    }
+  }
+  for (; d + VL <= D; d += VL) {
+    const F kv = V::load(k + d);
+    for (int j = 0; j < NG; ++j) acc[j] = V::fma(kv, V::load(q + j * D + d), acc[j]);
+  }
+  for (int j = 0; j < NG; ++j) out[j] = V::hsum(V::add(acc[j], acc1[j]));
+  for (; d < D; ++d) {
+    const float kd = ld1(k + d);
+    for (int j = 0; j < NG; ++j) out[j] += kd * q[j * D + d];
+  }
+}
+
 // One (request, KV head): the group's G query rows (scaled, fp32) against the request's keys,
-// a two-pass softmax in fp32 (NaN scores propagate), then p.v accumulated in fp32.
-template <typename T>
+// a two-pass softmax in fp32 (NaN scores propagate), then p.v accumulated in fp32. T: q's and
+// out's element type; KT: the pages'.
+template <typename T, typename KT>
 static void attention_task_t(const AttnArgs& a, int64_t task, float* scratch) {
   const int64_t D = a.D, G = a.G, b = task / a.Hkv, h = task % a.Hkv;
   const int64_t L = a.lens[b], Lp = (L + 15) / 16 * 16;
   const int32_t* slots = a.table + a.rows[b] * a.t_sr;
-  const T* kp = static_cast<const T*>(a.k);
-  const T* vp = static_cast<const T*>(a.v);
+  const KT* kp = static_cast<const KT*>(a.k);
+  const KT* vp = static_cast<const KT*>(a.v);
   float* scores = scratch;
   float* qf = scores + G * Lp;
   float* acc = qf + G * D;
-  float* row = acc + G * D;
   for (int64_t g = 0; g < G; ++g) {
     const T* qr = static_cast<const T*>(a.q) + b * a.q_sb + (h * G + g) * a.q_sh;
     for (int64_t d = 0; d < D; ++d) qf[g * D + d] = ld1(qr + d) * a.scale;
   }
   float m[64];  // G <= 64 (checked by the dispatcher)
   for (int64_t g = 0; g < G; ++g) m[g] = -__builtin_inff();
+  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(KT));
   for (int64_t l = 0; l < L; ++l) {
-    const float* kf = as_f32(kp + static_cast<int64_t>(slots[l]) * a.kv_ss + h * a.kv_sh, row, D);
-    for (int64_t g = 0; g < G; ++g) {
-      const float s = dot(kf, qf + g * D, D);
-      scores[g * Lp + l] = s;
-      if (!(s <= m[g])) m[g] = s;  // a NaN score makes the row NaN, as in the reference
+    const KT* kr = kp + static_cast<int64_t>(slots[l]) * a.kv_ss + h * a.kv_sh;
+    if (l + PREFETCH < L) prefetch_row(kp + static_cast<int64_t>(slots[l + PREFETCH]) * a.kv_ss + h * a.kv_sh, row_bytes);
+    for (int64_t g0 = 0; g0 < G; g0 += 4) {  // up to 4 query rows per pass over the key
+      float s[4];
+      const int64_t n = G - g0 < 4 ? G - g0 : 4;
+      if (n == 4) group_dots<4>(kr, qf + g0 * D, D, s);
+      else if (n == 3) group_dots<3>(kr, qf + g0 * D, D, s);
+      else if (n == 2) group_dots<2>(kr, qf + g0 * D, D, s);
+      else group_dots<1>(kr, qf + g0 * D, D, s);
+      for (int64_t j = 0; j < n; ++j) {
+        scores[(g0 + j) * Lp + l] = s[j];
+        if (!(s[j] <= m[g0 + j])) m[g0 + j] = s[j];  // a NaN score makes the row NaN, as in the reference
+      }
     }
   }
   float inv[64];
@@ -320,14 +367,19 @@ static void attention_task_t(const AttnArgs& a, int64_t task, float* scratch) {
   }
   for (int64_t i = 0; i < G * D; ++i) acc[i] = 0.f;
   for (int64_t l = 0; l < L; ++l) {
-    const float* vf = as_f32(vp + static_cast<int64_t>(slots[l]) * a.kv_ss + h * a.kv_sh, row, D);
-    int64_t d;
-    for (int64_t g = 0; g < G; ++g) {
-      const float p = scores[g * Lp + l];
-      const F pv = V::set1(p);
-      float* ag = acc + g * D;
-      for (d = 0; d + VL <= D; d += VL) V::store(ag + d, V::fma(pv, V::load(vf + d), V::load(ag + d)));
-      for (; d < D; ++d) ag[d] += p * vf[d];
+    const KT* vr = vp + static_cast<int64_t>(slots[l]) * a.kv_ss + h * a.kv_sh;
+    if (l + PREFETCH < L) prefetch_row(vp + static_cast<int64_t>(slots[l + PREFETCH]) * a.kv_ss + h * a.kv_sh, row_bytes);
+    int64_t d = 0;
+    for (; d + VL <= D; d += VL) {
+      const F vv = V::load(vr + d);
+      for (int64_t g = 0; g < G; ++g) {
+        float* ag = acc + g * D + d;
+        V::store(ag, V::fma(V::set1(scores[g * Lp + l]), vv, V::load(ag)));
+      }
+    }
+    for (; d < D; ++d) {
+      const float vd = ld1(vr + d);
+      for (int64_t g = 0; g < G; ++g) acc[g * D + d] += scores[g * Lp + l] * vd;
     }
   }
   for (int64_t g = 0; g < G; ++g) {
@@ -339,7 +391,14 @@ static void attention_task_t(const AttnArgs& a, int64_t task, float* scratch) {
   }
 }
 
-void attention_task(int dt, const AttnArgs& a, int64_t task, float* scratch) {
-  if (dt == DT_BF16) attention_task_t<uint16_t>(a, task, scratch);
-  else attention_task_t<float>(a, task, scratch);
+template <typename T>
+static void attention_task_q(int kv_dt, const AttnArgs& a, int64_t task, float* scratch) {
+  if (kv_dt == DT_F16) attention_task_t<T, Half>(a, task, scratch);
+  else if (kv_dt == DT_BF16) attention_task_t<T, uint16_t>(a, task, scratch);
+  else attention_task_t<T, float>(a, task, scratch);
+}
+
+void attention_task(int dt, int kv_dt, const AttnArgs& a, int64_t task, float* scratch) {
+  if (dt == DT_BF16) attention_task_q<uint16_t>(kv_dt, a, task, scratch);
+  else attention_task_q<float>(kv_dt, a, task, scratch);
 }

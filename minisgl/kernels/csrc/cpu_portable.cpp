@@ -22,6 +22,22 @@ struct V {
     for (int l = 0; l < 8; ++l) { const uint32_t b = static_cast<uint32_t>(p[l]) << 16; memcpy(&r.v[l], &b, 4); }
     return r;
   }
+  // fp16 -> fp32, exact, branch-free per lane: normals and inf/NaN rebias the exponent field,
+  // subnormals are their integer mantissa times 2^-24. (GCC keeps this scalar at the x86-64
+  // baseline: fp16 pages cost ~2.5x fp32 pages' attention time on this path; docs/performance.md.)
+  static inline F load(const Half* p) {
+    F r;
+    for (int l = 0; l < 8; ++l) {
+      const uint32_t h = p[l].bits, em = h & 0x7fffu;
+      const float sub = static_cast<float>(static_cast<int32_t>(em)) * 5.9604644775390625e-8f;
+      uint32_t sub_bits;
+      memcpy(&sub_bits, &sub, 4);
+      const uint32_t norm = (em << 13) + (em >= 0x7c00u ? 224u << 23 : 112u << 23);
+      const uint32_t b = ((h & 0x8000u) << 16) | (em < 0x400u ? sub_bits : norm);
+      memcpy(&r.v[l], &b, 4);
+    }
+    return r;
+  }
   static inline uint16_t bf16(float f) {
     if (f != f) return 0x7fc0;
     uint32_t b;
