@@ -131,9 +131,11 @@ def bandwidth_of(args: argparse.Namespace) -> float:
 
 def _dtype_bytes(args: argparse.Namespace) -> tuple[int, int]:
     """(weight bytes, KV bytes) per value from the flags: `auto` counts as bf16 (a GPU's default);
-    fp8 KV pages hold one byte."""
+    fp8 KV pages hold one byte, an explicit 16/32-bit page type its own size, `auto` pages the
+    weights' (`bench offline` reads the engine's actual pool instead)."""
     weights = _DTYPE_BYTES[args.dtype]
-    kv = 1 if getattr(args, "kv_cache_dtype", "auto").startswith("fp8") else weights
+    kv_dtype = getattr(args, "kv_cache_dtype", "auto")
+    kv = 1 if kv_dtype.startswith("fp8") else _DTYPE_BYTES.get(kv_dtype, weights)
     return weights, kv
 
 

@@ -58,7 +58,7 @@ KERNEL_SWITCHES: dict[str, str] = {
     "decode_tuned": "the decode attention launches measured per CUDA-graph batch size "
     "(kernels/tuned/decode_attention.json)",
     "cpu_kernels": "the bf16 C++ CPU kernels (GEMV, RMSNorm, rotary, SiLU)",
-    "cpu_attn_kernel": "the C++ CPU decode attention (bf16 caches; fp32 ones with --cpu-kernels-fp32)",
+    "cpu_attn_kernel": "the C++ CPU decode attention (bf16 models; fp32 math over fp32/fp16/bf16 pages with --cpu-kernels-fp32)",
     "cpu_kernels_fp32": "the C++ CPU norms, rotary, SiLU and decode attention for fp32 activations too, "
     "not bit-exact with transformers "
     "(default: on for --weights gguf, off for a float model: the exact-parity mode)",
