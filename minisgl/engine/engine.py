@@ -179,6 +179,16 @@ class Engine:
             manager.load(name, path)
         return manager
 
+    def _cpu_half_dtype(self) -> torch.dtype:
+        """16-bit page type of "auto" for GGUF weights on CPU: fp16, or bf16 where the CPU kernels
+        run their portable path (no hardware fp16 conversion there)."""
+        if self.device.type != "cpu":
+            return torch.float16
+        from minisgl.kernels import cpu_attention
+
+        lib = cpu_attention.load()
+        return torch.bfloat16 if lib is not None and lib.resolve() == "portable" else torch.float16
+
     # ----------------------------------------------------------------------------------------
     def _make_pool(self) -> KVPool:
         cfg, mc = self.config, self.model_config
@@ -186,7 +196,8 @@ class Engine:
         kv_heads = max(1, mc.num_kv_heads // tp.size)
         mla = mc.deepseek  # MLA caches one latent per token and layer (kvcache/latent_pool.py)
         assert cfg.attn is not None
-        kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype, cfg.weights == "gguf", cfg.attn, mla is not None)
+        kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype, cfg.weights == "gguf", cfg.attn, mla is not None,
+                                    half=self._cpu_half_dtype())  # fmt: skip
         if kv_dtype != torch.float8_e4m3fn:  # float8's line (with its scales) comes from _set_kv_scales
             math = f", read into {str(self.dtype).removeprefix('torch.')} math" if kv_dtype != self.dtype else ""
             logger.info("KV cache in %s (--kv-cache-dtype %s)%s", str(kv_dtype).removeprefix("torch."),

@@ -14,15 +14,18 @@ KV_CACHE_DTYPES: dict[str, torch.dtype] = {
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 
 
-def resolve_kv_dtype(choice: str, model_dtype: torch.dtype, gguf_blocks: bool, attn: str, latent: bool) -> torch.dtype:
+def resolve_kv_dtype(choice: str, model_dtype: torch.dtype, gguf_blocks: bool, attn: str, latent: bool,
+                     half: torch.dtype = torch.float16) -> torch.dtype:  # fmt: skip
     """The pages' dtype for `--kv-cache-dtype choice`. "auto": the model dtype, except for GGUF
     weights kept quantized (`gguf_blocks`: fp32 activations on CPU) under the torch backend, where
-    pages are fp16 (half the bytes; each element rounded to nearest even on store, read back into
-    fp32 math: llama.cpp's f16 cache). A float dtype other than the model's needs the torch backend
+    pages are `half` (half the bytes; each element rounded to nearest even on store, read back into
+    fp32 math: llama.cpp's f16 cache). `half` is fp16 where the CPU converts fp16 in hardware (F16C
+    with AVX2, AVX-512) and bf16 on the portable path, whose fp16 conversion is scalar (~3x the time
+    of fp32 pages; bf16's is a shift). A float dtype other than the model's needs the torch backend
     (it reads pages into q's dtype; the Triton kernels take the model's dtype or float8) and a
     K/V pool (an MLA latent cache stays in the model dtype); else a ValueError naming the flag."""
     if choice == "auto":
-        return torch.float16 if gguf_blocks and attn == "torch" and not latent else model_dtype
+        return half if gguf_blocks and attn == "torch" and not latent else model_dtype
     dtype = KV_CACHE_DTYPES[choice]
     if dtype not in (model_dtype, torch.float8_e4m3fn):
         if latent:

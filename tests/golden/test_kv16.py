@@ -56,3 +56,13 @@ def test_fp16_pages_follow_fp32_pages() -> None:
         del llm
     for conversation, half, full in zip(CONVERSATIONS, answers["auto"], answers["float32"]):
         assert half == full, conversation[-1]["content"]
+
+
+def test_portable_path_takes_bf16_pages() -> None:
+    """Where the CPU kernels run their portable path (no F16C), fp16 is converted one element at a
+    time (~3x the time of fp32 pages), so "auto" holds bf16 pages there (a shift to widen)."""
+    llm = LLM(device="cpu", cpu_isa="portable", num_pages=16)
+    assert llm.engine.pool.dtype == torch.bfloat16 and _bytes_per_token(llm) == 23040
+    assert llm.engine.attn_backend.cpu_kernel
+    out = llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4

@@ -21,6 +21,13 @@ def test_auto_is_fp16_for_gguf_blocks_on_the_torch_backend_only() -> None:
     assert resolve_kv_dtype("auto", BF16, False, "triton", False) == BF16  # GPU: unchanged
 
 
+def test_auto_takes_the_half_type_it_is_given() -> None:
+    """The engine passes bf16 where the CPU kernels run their portable path (scalar fp16 conversion)."""
+    assert resolve_kv_dtype("auto", F32, True, "torch", False, half=BF16) == BF16
+    assert resolve_kv_dtype("auto", F32, False, "torch", False, half=BF16) == F32  # the exact mode keeps fp32
+    assert resolve_kv_dtype("float16", F32, True, "torch", False, half=BF16) == F16  # an explicit choice wins
+
+
 def test_explicit_choices() -> None:
     assert resolve_kv_dtype("float32", F32, True, "torch", False) == F32  # opting out of fp16 pages
     assert resolve_kv_dtype("bfloat16", F32, True, "torch", False) == BF16
