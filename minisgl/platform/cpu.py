@@ -79,6 +79,26 @@ class CpuPlatform(BasePlatform):
         if ENV.num_threads > 0:
             torch.set_num_threads(ENV.num_threads)
 
+    @contextlib.contextmanager
+    def serial_torch_ops(self) -> Iterator[None]:
+        """torch's intra-op threads off inside (`torch.set_num_threads(1)`, ~0.3 us each way): the
+        sampler's elementwise ops over 49k-entry logits rows pass torch's 32k-element grain and
+        open an OpenMP region, which ends in a barrier waiting for every thread it split to. On a
+        2-core machine that thread competes with the C++ kernels' pool workers (still spinning
+        after the LM head) and with other processes: a W1 step's one division took 0.3 ms idle
+        and 8-12 ms on a loaded machine (bench profile table), against ~20 us on one thread;
+        afterwards the OpenMP worker spins ~300k pauses on a core the next step's GEMVs need.
+        The C++ kernels read torch's thread count per call, so the count is restored on exit."""
+        threads = torch.get_num_threads()
+        if threads == 1:
+            yield
+            return
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+
     def new_stream(self) -> _NoopStream:
         return _NoopStream()
 
