@@ -34,3 +34,45 @@ def test_serial_torch_ops_leaves_one_thread_as_it_is():
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_scheduler_process_freezes_its_start_up_objects_before_ready(monkeypatch):
+    import gc
+
+    from minisgl.engine.config import EngineConfig
+    from minisgl.scheduler import process
+    from minisgl.scheduler.config import SchedulerConfig
+
+    class FakeScheduler:
+        context_len = 64
+
+        def stats(self):
+            return type("Stats", (), {"total_pages": 4})()
+
+    class FakeLoop:
+        def __init__(self, scheduler, addrs, rank):
+            pass
+
+        def announce_limits(self):
+            pass
+
+        def run(self):
+            pass
+
+        def close(self):
+            pass
+
+    seen: dict[str, int] = {}
+
+    class Ready:
+        def ready(self, **facts):
+            seen["frozen"] = gc.get_freeze_count()
+
+    monkeypatch.setattr(process, "build_scheduler", lambda engine, sched: (None, FakeScheduler()))
+    monkeypatch.setattr(process, "SchedulerLoop", FakeLoop)
+    gc.unfreeze()
+    try:
+        process.run_scheduler(EngineConfig(device="cpu"), SchedulerConfig(), None, Ready())  # type: ignore[arg-type]
+        assert seen["frozen"] > 0  # the objects alive at start-up are out of the collector's reach
+    finally:
+        gc.unfreeze()
