@@ -3,16 +3,27 @@ of the sampler, and the other per-step savings of the CPU path."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
-from minisgl.platform.cpu import CpuPlatform
+from minisgl.platform.cpu import CpuPlatform, _openmp_runtime
 
 
-def test_serial_torch_ops_runs_torch_on_one_thread_and_restores_the_count():
+def test_openmp_runtime_is_found_where_torch_threads_with_openmp():
+    if sys.platform == "linux" and "ATen parallel backend: OpenMP" in torch.__config__.parallel_info():
+        assert _openmp_runtime() is not None
+
+
+def test_serial_torch_ops_runs_torch_on_one_thread_and_restores_the_count(monkeypatch):
+    if _openmp_runtime() is None:
+        pytest.skip("no OpenMP runtime of torch's found here: the region changes nothing")
     platform = CpuPlatform()
     before = torch.get_num_threads()
     torch.set_num_threads(2)
+    # Not through torch.set_num_threads, which would also turn MKL's dynamic threading off.
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: pytest.fail("serial_torch_ops called torch.set_num_threads"))
     try:
         with platform.serial_torch_ops():
             assert torch.get_num_threads() == 1
@@ -21,6 +32,7 @@ def test_serial_torch_ops_runs_torch_on_one_thread_and_restores_the_count():
             raise RuntimeError("inside")
         assert torch.get_num_threads() == 2  # restored on the way out of an error too
     finally:
+        monkeypatch.undo()
         torch.set_num_threads(before)
 
 
