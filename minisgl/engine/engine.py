@@ -421,15 +421,16 @@ class Engine:
         sampling = SamplingBatch.build(params, output_lens, logits.shape[-1], self.device)
         if plan.controls:
             sampling.controls = self._controls(sampled, params, output_lens, plan.grammars)
-        tokens = self.sampler.sample(logits, sampling)
-        if sampling.controls is not None and sampling.controls.penalties is not None:
-            self.penalties.update(sampling.controls.penalties, tokens)
         logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None] if plan.controls else []
         token_lp = None
-        if logprob_rows:
-            index = upload(logprob_rows, torch.int64, self.device)
-            top_k = max(params[i].logprobs or 0 for i in logprob_rows)
-            token_lp = host_copy(token_logprobs(logits[index], tokens[index], top_k))
+        with self.platform.serial_torch_ops():  # CPU: too small for torch's threads (platform/cpu.py)
+            tokens = self.sampler.sample(logits, sampling)
+            if sampling.controls is not None and sampling.controls.penalties is not None:
+                self.penalties.update(sampling.controls.penalties, tokens)
+            if logprob_rows:
+                index = upload(logprob_rows, torch.int64, self.device)
+                top_k = max(params[i].logprobs or 0 for i in logprob_rows)
+                token_lp = host_copy(token_logprobs(logits[index], tokens[index], top_k))
         host = self._token_staging.take(tokens.numel())
         host.copy_(tokens, non_blocking=True)
         event = self._record(pooled)

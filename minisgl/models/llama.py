@@ -58,25 +58,25 @@ class SelfAttention(nn.Module):
         """Attention output before o_proj: [T, Hq * D]. `row_norm` = (hidden rows, eps): `hidden`
         is the un-normalised residual stream and qkv_proj has the input norm's weight folded in
         (`DecoderLayer.fold_norms`); the rotary kernel applies the norm's 1 / rms."""
-        qkv = self.qkv_proj(hidden)
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        # [T, Hq + 2 Hkv, D] views of the fused output: one view and one split (~3 aten calls
+        # fewer per layer than splitting the flat rows and viewing each part).
+        qkv = self.qkv_proj(hidden).view(-1, heads + 2 * kv_heads, self.head_dim)
+        q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
         norms = (self.q_norm, self.k_norm) if self.q_norm is not None and self.k_norm is not None else None
         if norms is not None and not isinstance(norms[0], RMSNorm):  # Gemma 3's: not in the fused kernels
             q, k = norms[0](q), norms[1](k)
             norms = None
-        store = self.attn.kv_store() if self.rotary.stores_kv else None
+        rotary, attn = self.rotary, self.attn
+        store = attn.kv_store() if rotary.stores_kv else None
         if store is not None:  # one kernel for the q/k norms, rotary and the KV store
-            return self.attn(self.rotary.forward_store(positions, q, k, v, store, norms, row_norm))
+            return attn(rotary.forward_store(positions, q, k, v, store, norms, row_norm))
         assert row_norm is None, "folded norms need the rotary kernel that stores k/v (Triton backend)"
         if norms is not None:
-            q, k = self.rotary.forward_qk_norm(positions, q, k, *norms)
+            q, k = rotary.forward_qk_norm(positions, q, k, *norms)
         else:
-            q, k = self.rotary(positions, q, k)
-        return self.attn(q, k, v)
+            q, k = rotary(positions, q, k)
+        return attn(q, k, v)
 
 
 class MLP(nn.Module):

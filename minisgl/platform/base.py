@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from typing import Any, Literal
 
@@ -64,6 +65,11 @@ class BasePlatform(ABC):
 
     def set_device(self) -> None:
         """Bind this process to its device (no-op on CPU)."""
+
+    def serial_torch_ops(self) -> contextlib.AbstractContextManager[None]:
+        """A region whose torch ops run on the calling thread alone, for host work too small to
+        split (CPU: CpuPlatform's; here, on a device, nothing changes)."""
+        return contextlib.nullcontext()
 
     @property
     def kernels(self) -> KernelConfig:

@@ -3,7 +3,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import os
 from functools import cache
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import psutil
@@ -21,6 +23,36 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
     except OSError:
         return None
+
+
+_OPENMP_LIBS = ("libgomp", "libomp", "libiomp")
+
+
+@cache
+def _openmp_runtime() -> ctypes.CDLL | None:
+    """The OpenMP runtime torch's intra-op threads come from (torch/lib's libgomp on Linux
+    wheels, libomp on macOS), checked to be the one `torch.get_num_threads()` reads; None where
+    torch has another parallel backend or the library is elsewhere."""
+    root = Path(torch.__file__).parent
+    folders = [folder for folder in (root / "lib", root.parent / "torch.libs") if folder.is_dir()]
+    names = sorted(p for folder in folders for p in folder.iterdir() if p.name.startswith(_OPENMP_LIBS))
+    no_load = getattr(os, "RTLD_NOLOAD", None)
+    if no_load is None:
+        return None
+    threads = torch.get_num_threads()
+    for path in names:
+        try:  # only a library torch has loaded already (the same handle): never a second runtime
+            lib = ctypes.CDLL(str(path), mode=no_load | os.RTLD_LAZY)
+        except OSError:
+            continue
+        if not hasattr(lib, "omp_set_num_threads"):
+            continue
+        lib.omp_set_num_threads(threads + 1)
+        follows = torch.get_num_threads() == threads + 1
+        lib.omp_set_num_threads(threads)
+        if follows:
+            return lib
+    return None
 
 
 class _NoopEvent:
@@ -78,6 +110,32 @@ class CpuPlatform(BasePlatform):
     def set_device(self) -> None:
         if ENV.num_threads > 0:
             torch.set_num_threads(ENV.num_threads)
+
+    @contextlib.contextmanager
+    def serial_torch_ops(self) -> Iterator[None]:
+        """torch's intra-op threads off inside: the sampler's elementwise ops over 49k-entry
+        logits rows pass torch's 32k-element grain and open an OpenMP region, which ends in a
+        barrier waiting for every thread it split to. On a 2-core machine that thread competes
+        with the C++ kernels' pool workers (still spinning after the LM head) and with other
+        processes: a W1 step's one division took 0.3 ms idle and 8-12 ms on a loaded machine
+        (bench profile table), ~20 us on one thread; and the OpenMP worker then spins ~300k
+        pauses on a core the next step's GEMVs need.
+
+        Through the OpenMP runtime's own `omp_set_num_threads` (~0.4 us each way), which is what
+        torch's thread count reads: `torch.set_num_threads` would also switch MKL's dynamic
+        threading off for good (nested MKL regions inside torch's SDPA from then on). Where the
+        runtime is not found (`_openmp_runtime`), nothing changes. The C++ kernels read torch's
+        thread count per call, so it is restored on exit."""
+        omp = _openmp_runtime()
+        threads = torch.get_num_threads()
+        if omp is None or threads == 1:
+            yield
+            return
+        omp.omp_set_num_threads(1)
+        try:
+            yield
+        finally:
+            omp.omp_set_num_threads(threads)
 
     def new_stream(self) -> _NoopStream:
         return _NoopStream()

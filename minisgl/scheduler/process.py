@@ -16,6 +16,7 @@ against: requests arrive here validated, with max_tokens already fitted to the c
 
 from __future__ import annotations
 
+import gc
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -230,6 +231,11 @@ def run_scheduler(
             elif store is not None:  # waits (up to the start-up timeout) for every rank to bind
                 loop.connect_relay([store.get(relay_key(r)).decode() for r in range(1, size)])
             loop.announce_limits()
+            # Everything built so far (modules, tokenizer tables, torch's and the libraries' own
+            # objects) lives for the process: out of the collector's reach (as SGLang and vLLM do
+            # after start-up), a full collection while serving walks only what requests create.
+            gc.collect()
+            gc.freeze()
             ready.ready(context_len=scheduler.context_len, total_pages=scheduler.stats().total_pages)
             loop.run()
         finally:
