@@ -49,9 +49,17 @@ def test_backend_uses_the_kernel_for_bf16_only() -> None:
     from minisgl.attention.torch_backend import TorchAttnBackend
     from minisgl.kvcache.pool import KVPool
 
-    for dtype, expected in ((torch.bfloat16, True), (torch.float32, False)):
-        pool = KVPool(2, 8, 16, 3, 64, dtype, torch.device("cpu"))
-        assert TorchAttnBackend(pool, 9, 3, 64, 0.125).cpu_kernel is expected
+    from minisgl.platform import current
+    from minisgl.platform.kernel_config import KernelConfig
+
+    platform, previous = current(), current().kernels
+    platform.use_kernels(KernelConfig())  # the default config (an engine built earlier may have set its own)
+    try:
+        for dtype, expected in ((torch.bfloat16, True), (torch.float32, False)):
+            pool = KVPool(2, 8, 16, 3, 64, dtype, torch.device("cpu"))
+            assert TorchAttnBackend(pool, 9, 3, 64, 0.125).cpu_kernel is expected
+    finally:
+        platform.use_kernels(previous)
 
 
 def test_bad_rows_and_lengths_raise() -> None:
