@@ -147,3 +147,56 @@ def test_bad_input_raises(lib: cpp_ext.CpuKernels) -> None:
     with pytest.raises(RuntimeError, match="one dtype"):
         lib.extend_attention(q, k_cache, v_cache.half(), table, rows, seq_lens, ext_lens, 0.125)
     assert cpu_extend.supports(64) and cpu_extend.supports(80) and not cpu_extend.supports(72)
+
+
+def test_backend_routes_plain_extend_layers_to_the_kernel() -> None:
+    """TorchAttnBackend over a bf16 pool: plain layers of an extend step take the kernel and match
+    the per-request SDPA path within bf16 rounding; a windowed layer keeps the torch path; an fp32
+    pool under the default kernel config (the exact mode) never takes it."""
+    from minisgl.attention.base import AttnLayerSpec
+    from minisgl.attention.batch import ForwardBatch
+    from minisgl.attention.torch_backend import TorchAttnBackend
+    from minisgl.kvcache.pool import KVPool
+
+    assert not TorchAttnBackend(KVPool(1, 8, 16, 3, 64, torch.float32, torch.device("cpu")), 9, 3, 64, 0.125).cpu_extend
+    torch.manual_seed(0)
+    seq_lens, extend_lens, page = [40, 7, 130, 65], [40, 1, 50, 65], 16
+    pool = KVPool(2, 64, page, 3, 64, torch.bfloat16, torch.device("cpu"))
+    for layer in range(2):
+        pool.k[layer].copy_(torch.randn(pool.k[layer].shape))
+        pool.v[layer].copy_(torch.randn(pool.v[layer].shape))
+    pages = torch.randperm(64)
+    table = torch.zeros(len(seq_lens), 256, dtype=torch.int32)
+    pos = torch.arange(256)
+    for row in range(len(seq_lens)):
+        table[row] = (pages[row * 16 : (row + 1) * 16][pos // page] * page + pos % page).int()
+    out_loc = torch.cat([table[r, s - e : s] for r, (s, e) in enumerate(zip(seq_lens, extend_lens))]).long()
+    starts = [sum(extend_lens[:i]) for i in range(len(extend_lens))]
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
+    batch = ForwardBatch(
+        phase="extend", input_ids=torch.zeros(len(out_loc), dtype=torch.int64),
+        positions=torch.cat([torch.arange(s - e, s) for s, e in zip(seq_lens, extend_lens)]), out_loc=out_loc,
+        rows=torch.arange(len(seq_lens)), seq_lens=i32(seq_lens), extend_lens=i32(extend_lens),
+        extend_starts=i32(starts), token_table=table, seq_lens_cpu=seq_lens, extend_lens_cpu=extend_lens,
+        sample_idx=torch.zeros(1, dtype=torch.int64),
+    )  # fmt: skip
+    q = torch.randn(len(out_loc), 9, 64).to(torch.bfloat16)
+    k, v = (torch.randn(len(out_loc), 3, 64).to(torch.bfloat16) for _ in range(2))
+    outs = {}
+    for use_kernel in (True, False):
+        backend = TorchAttnBackend(pool, 9, 3, 64, 0.125)
+        assert backend.cpu_extend
+        backend.cpu_extend = use_kernel
+        backend.configure_layer(1, AttnLayerSpec(sliding_window=8))
+        backend.prepare(batch)
+        calls = []
+        original = cpu_extend.extend_attention
+        cpu_extend.extend_attention = lambda *a, **kw: calls.append(1) or original(*a, **kw)  # type: ignore[assignment]
+        try:
+            outs[use_kernel] = [backend.forward(q, k, v, layer, batch).clone() for layer in range(2)]
+        finally:
+            cpu_extend.extend_attention = original  # type: ignore[assignment]
+        assert len(calls) == (1 if use_kernel else 0)  # layer 0 only: the windowed layer keeps torch
+        batch.attn_meta = None
+    torch.testing.assert_close(outs[True][0].float(), outs[False][0].float(), atol=3e-2, rtol=2e-2)
+    assert torch.equal(outs[True][1], outs[False][1])
