@@ -94,7 +94,6 @@ struct AttnArgs {
 // per request rows [B] int64, lens [B] (KV length after the step) and ext [B] (new tokens) int32,
 // starts [B] (first new token in T). blocks: (request << 32 | block of QB queries), one per task
 // group; task = block index * Hkv + KV head. D % 16 == 0.
-constexpr int DT_F16 = 2;
 constexpr int64_t EXTEND_KB = 32;  // keys per block of the online softmax
 struct ExtendArgs {
   const void* q;
