@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from minisgl.attention.base import AttnLayerSpec, BaseAttnBackend
 from minisgl.attention.batch import ForwardBatch
-from minisgl.kernels import cpu_attention
+from minisgl.kernels import cpu_attention, cpu_extend
 from minisgl.kvcache.pool import KVPool
 
 _PLAIN = AttnLayerSpec()
@@ -122,6 +122,7 @@ class TorchAttnBackend(BaseAttnBackend):
         self.cpu_kernel = False
         if pool.k[0].device.type == "cpu" and cpu_attention.takes(pool.dtype, pool.compute_dtype):
             self.cpu_kernel = cpu_attention.load() is not None
+        self.cpu_extend = self.cpu_kernel and cpu_extend.supports(head_dim)  # prefill: kernels/cpu_extend.py
 
     def configure_layer(self, layer_id: int, spec: AttnLayerSpec) -> None:
         if not spec.is_plain:
@@ -161,6 +162,8 @@ class TorchAttnBackend(BaseAttnBackend):
             rows, seq_lens = meta.kernel
             q = q.view(-1, self.num_heads, self.head_dim)
             return cpu_attention.decode_attention(q, k_cache, v_cache, batch.token_table, rows, seq_lens, self.sm_scale)
+        if self.cpu_extend and spec.is_plain and meta.slots is None:
+            return self._extend_kernel(q, k_cache, v_cache, batch)
         # A float8 pool: pages are read in q's dtype unscaled; k's scale joins the softmax scale and
         # v's scales the output (KVPool), which equals attending over the dequantized pages.
         scale, v_scale = self.sm_scale, 1.0
@@ -175,6 +178,15 @@ class TorchAttnBackend(BaseAttnBackend):
                 plans = meta.plans[window] = plan_requests(batch, window)
             out = self._extend(q, k_cache, v_cache, plans, spec, scale)
         return out if v_scale == 1.0 else out * v_scale
+
+    def _extend_kernel(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """A plain layer's extend in one C++ call, K/V read from the pool in place (kernels/cpu_extend.py)."""
+        qh = q.view(-1, self.num_heads, self.head_dim)
+        return cpu_extend.extend_attention(
+            qh, k_cache, v_cache, batch.token_table, batch.rows, batch.seq_lens, batch.extend_lens, self.sm_scale
+        ).view(q.shape)
 
     def _extend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plans: list[RequestPlan],

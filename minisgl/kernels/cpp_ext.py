@@ -120,6 +120,14 @@ class CpuKernels:
         int32 -> [B, Hq, D]: each request's query against its first seq_len table entries."""
         return self._lib.decode_attention(q, k_cache, v_cache, table, rows, seq_lens, scale, self.isa_id(isa))
 
+    def extend_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
+                         rows: torch.Tensor, seq_lens: torch.Tensor, extend_lens: torch.Tensor, scale: float,
+                         isa: IsaChoice | None = None) -> torch.Tensor:  # fmt: skip
+        """q [T, Hq, D] (fp32/bf16); pools [S, Hkv, D] (fp32/bf16/fp16); table [R, C] int32; rows [B]
+        int64; seq_lens, extend_lens [B] int32 -> [T, Hq, D]: causal prefill over cached prefixes."""
+        return self._lib.extend_attention(q, k_cache, v_cache, table, rows, seq_lens, extend_lens, scale,
+                                          self.isa_id(isa))  # fmt: skip
+
 
 class _IsaChoice:
     """The `set_isa` choice; `generation` tells the loaded libraries to re-resolve it."""

@@ -82,6 +82,11 @@ struct V {
 
 #include "cpu_kernels_impl.h"
 
+struct VX {
+  static inline V::F max(V::F a, V::F b) { return _mm256_max_ps(a, b); }
+};
+#include "cpu_extend.h"
+
 }  // namespace avx2
 }  // namespace minisgl_cpu
 

@@ -25,6 +25,11 @@ namespace avx512 {
 
 #include "cpu_kernels_impl.h"
 
+struct VX {
+  static inline V::F max(V::F a, V::F b) { return _mm512_max_ps(a, b); }
+};
+#include "cpu_extend.h"
+
 }  // namespace avx512
 }  // namespace minisgl_cpu
 

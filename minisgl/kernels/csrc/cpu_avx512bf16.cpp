@@ -190,6 +190,11 @@ void attention_task_dot(const AttnArgs& a, int64_t task, float* scratch) {
 
 #include "cpu_kernels_impl.h"
 
+struct VX {
+  static inline V::F max(V::F a, V::F b) { return _mm512_max_ps(a, b); }
+};
+#include "cpu_extend.h"
+
 }  // namespace avx512bf16
 }  // namespace minisgl_cpu
 

@@ -27,6 +27,10 @@ int minisgl_cpu_decode_attention(int, int, int, const void*, int64_t, int64_t, c
                                  int64_t, const int32_t*, int64_t, int64_t, int64_t, const int64_t*,
                                  const int32_t*, int64_t, int64_t, int64_t, int64_t, double, void*, int64_t,
                                  int64_t, int);
+int minisgl_cpu_extend_attention(int, int, int, const void*, int64_t, int64_t, int64_t, const void*, const void*,
+                                 int64_t, int64_t, const int32_t*, int64_t, int64_t, int64_t, const int64_t*,
+                                 const int32_t*, const int32_t*, int64_t, int64_t, int64_t, int64_t, double, void*,
+                                 int64_t, int64_t, int);
 }
 
 using at::Tensor;
@@ -201,6 +205,47 @@ Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   return out;
 }
 
+// Paged extend attention: q [T, Hq, D] fp32/bf16; pools [S, Hkv, D] fp32, bf16 or fp16 (any of
+// them with either q); per request a table row, its KV length after the step and its new tokens,
+// the new tokens laid out in T request after request -> [T, Hq, D] of q's dtype.
+Tensor extend_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& table,
+                        const Tensor& rows, const Tensor& seq_lens, const Tensor& extend_lens, double scale,
+                        int isa) {
+  const int qdt = dtype_of(q, "extend attention q");
+  const auto kst = k_cache.scalar_type();
+  TORCH_CHECK(k_cache.device().is_cpu() && (kst == at::kFloat || kst == at::kBFloat16 || kst == at::kHalf) &&
+                  v_cache.scalar_type() == kst,
+              "extend attention: fp32, bf16 or fp16 CPU pools of one dtype expected");
+  const int kvdt = kst == at::kFloat ? 0 : kst == at::kBFloat16 ? 1 : 2;
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && q.size(2) == k_cache.size(2) && q.size(2) % 16 == 0,
+              "extend attention: q [T, Hq, D], pools [S, Hkv, D], D % 16 == 0");
+  TORCH_CHECK(q.stride(2) == 1 && k_cache.stride(2) == 1 && v_cache.stride(2) == 1,
+              "extend attention: unit stride along D");
+  TORCH_CHECK(k_cache.size(1) > 0 && k_cache.sizes() == v_cache.sizes() && k_cache.strides() == v_cache.strides() &&
+                  q.size(1) % k_cache.size(1) == 0,
+              "extend attention: K/V pools of one layout, Hq % Hkv == 0");
+  TORCH_CHECK(table.device().is_cpu() && rows.device().is_cpu() && seq_lens.device().is_cpu() &&
+                  extend_lens.device().is_cpu(),
+              "extend attention: CPU tensors");
+  const int64_t B = rows.numel();
+  TORCH_CHECK(table.dim() == 2 && seq_lens.numel() == B && extend_lens.numel() == B,
+              "extend attention: one row, length and extend length per request");
+  TORCH_CHECK(table.scalar_type() == at::kInt && rows.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kInt &&
+                  extend_lens.scalar_type() == at::kInt,
+              "extend attention: int32 table, int64 rows, int32 seq_lens and extend_lens");
+  TORCH_CHECK(table.stride(1) == 1 && rows.is_contiguous() && seq_lens.is_contiguous() && extend_lens.is_contiguous(),
+              "extend attention: unit-stride table rows, contiguous rows and lengths");
+  Tensor out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  const int rc = minisgl_cpu_extend_attention(
+      isa, qdt, kvdt, q.data_ptr(), q.stride(0), q.stride(1), q.size(0), k_cache.data_ptr(), v_cache.data_ptr(),
+      k_cache.stride(0), k_cache.stride(1), table.data_ptr<int32_t>(), table.stride(0), table.size(0), table.size(1),
+      rows.data_ptr<int64_t>(), seq_lens.data_ptr<int32_t>(), extend_lens.data_ptr<int32_t>(), B, q.size(1),
+      k_cache.size(1), q.size(2), scale, out.data_ptr(), out.stride(0), out.stride(1), at::get_num_threads());
+  TORCH_CHECK(rc != 6, "extend attention: a row or length outside the token table, or extend lengths not summing to T");
+  check_status(rc, "extend attention");
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -211,4 +256,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul);
   m.def("linear", &linear);
   m.def("decode_attention", &decode_attention);
+  m.def("extend_attention", &extend_attention);
 }

@@ -12,11 +12,15 @@
 #include "pool.h"
 
 MINISGL_CPU_DECLARE(portable)
+MINISGL_CPU_DECLARE_EXTEND(portable)
 #if !defined(CPU_PORTABLE_ONLY) && defined(__x86_64__)
 #define MINISGL_CPU_HAVE_X86 1
 MINISGL_CPU_DECLARE(avx2)
 MINISGL_CPU_DECLARE(avx512)
 MINISGL_CPU_DECLARE(avx512bf16)
+MINISGL_CPU_DECLARE_EXTEND(avx2)
+MINISGL_CPU_DECLARE_EXTEND(avx512)
+MINISGL_CPU_DECLARE_EXTEND(avx512bf16)
 namespace minisgl_cpu {
 namespace avx512bf16 {
 void linear_rows_dot(const LinearArgs& a, int64_t n0, int64_t n1);
@@ -207,6 +211,50 @@ int minisgl_cpu_decode_attention(int isa, int dt, int kv_dt, const void* q, int6
 #endif
         MINISGL_CPU_CALL(isa, attention_task, dt, kv_dt, a, task, buf);
     }
+  });
+  return status.load();
+}
+
+// Paged extend attention (cpu_extend.h): the blocks of QB queries of every request, costliest
+// first (a block's cost is the keys it reads), claimed one (block, KV head) task at a time.
+int minisgl_cpu_extend_attention(int isa, int qdt, int kvdt, const void* q, int64_t q_st, int64_t q_sh,
+                                 int64_t T, const void* k, const void* v, int64_t kv_ss, int64_t kv_sh,
+                                 const int32_t* table, int64_t t_sr, int64_t t_rows, int64_t t_cols,
+                                 const int64_t* rows, const int32_t* lens, const int32_t* ext, int64_t B,
+                                 int64_t Hq, int64_t Hkv, int64_t D, double scale, void* out, int64_t o_st,
+                                 int64_t o_sh, int nthreads) {
+  if (!usable(isa)) return BAD_ISA;
+  if (qdt < DT_F32 || qdt > DT_BF16 || kvdt < DT_F32 || kvdt > DT_F16 || D % 16 != 0) return BAD_DTYPE;
+  const int64_t G = Hq / Hkv;
+  const int64_t QB = std::max<int64_t>(1, (isa >= ISA_AVX512 ? 64 : 32) / G);
+  std::vector<int64_t> starts(static_cast<size_t>(B));
+  std::vector<std::pair<int64_t, int64_t>> order;  // (cost, block)
+  int64_t total = 0;
+  for (int64_t b = 0; b < B; ++b) {  // O(B): every read below stays inside the table and q
+    if (rows[b] < 0 || rows[b] >= t_rows || lens[b] < 0 || lens[b] > t_cols || ext[b] < 0 || ext[b] > lens[b])
+      return BAD_TABLE;
+    starts[b] = total;
+    total += ext[b];
+    const int64_t prefix = lens[b] - ext[b];
+    for (int64_t i0 = 0, qb = 0; i0 < ext[b]; i0 += QB, ++qb)
+      order.emplace_back(prefix + std::min<int64_t>(ext[b], i0 + QB), b << 32 | qb);
+  }
+  if (total != T) return BAD_TABLE;
+  std::sort(order.begin(), order.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+  std::vector<int64_t> blocks(order.size());
+  for (size_t i = 0; i < order.size(); ++i) blocks[i] = order[i].second;
+  const ExtendArgs a{q, q_st, q_sh, k, v, kv_ss, kv_sh, table, t_sr, rows, lens, ext, starts.data(), blocks.data(),
+                     Hkv, G, D, QB, static_cast<float>(scale), out, o_st, o_sh};
+  const int64_t RP = (QB * G + 15) / 16 * 16;
+  const int64_t scratch = 2 * D * RP + EXTEND_KB * RP + 3 * RP + 2 * EXTEND_KB * D + 64;
+  std::atomic<int> status{OK};
+  minisgl_pool::parallel_chunks(static_cast<int64_t>(blocks.size()) * Hkv, 1, nthreads, [&](int64_t t0, int64_t t1) {
+    float* buf = thread_scratch(scratch);
+    if (buf == nullptr) {
+      status.fetch_or(NO_MEMORY);
+      return;
+    }
+    for (int64_t task = t0; task < t1; ++task) MINISGL_CPU_CALL(isa, extend_task, qdt, kvdt, a, task, buf);
   });
   return status.load();
 }

@@ -89,6 +89,31 @@ struct AttnArgs {
   int64_t o_sb, o_sh;
 };
 
+// Paged extend (prefill) attention (cpu_extend.h): q [T, Hq, D] (fp32 or bf16; out [T, Hq, D] of
+// q's dtype), pools [S, Hkv, D] of fp32, bf16 or fp16 pages (DT_F16), table [R, C] int32 slots,
+// per request rows [B] int64, lens [B] (KV length after the step) and ext [B] (new tokens) int32,
+// starts [B] (first new token in T). blocks: (request << 32 | block of QB queries), one per task
+// group; task = block index * Hkv + KV head. D % 16 == 0.
+constexpr int64_t EXTEND_KB = 32;  // keys per block of the online softmax
+struct ExtendArgs {
+  const void* q;
+  int64_t q_st, q_sh;
+  const void* k;
+  const void* v;
+  int64_t kv_ss, kv_sh;
+  const int32_t* table;
+  int64_t t_sr;
+  const int64_t* rows;
+  const int32_t* lens;
+  const int32_t* ext;
+  const int64_t* starts;
+  const int64_t* blocks;
+  int64_t Hkv, G, D, QB;
+  float scale;
+  void* out;
+  int64_t o_st, o_sh;
+};
+
 }  // namespace minisgl_cpu
 
 // The entry points each ISA namespace defines (cpu_kernels_impl.h writes them once).
@@ -100,5 +125,13 @@ struct AttnArgs {
   void silu_tasks(int dt, const SiluArgs& a, int64_t t0, int64_t t1);                              \
   void linear_rows(int dt, const LinearArgs& a, int64_t n0, int64_t n1);                           \
   void attention_task(int dt, int kv_dt, const AttnArgs& a, int64_t task, float* scratch);        \
+  }                                                                                                \
+  }
+
+// The extend attention's entry point in each ISA namespace (cpu_extend.h).
+#define MINISGL_CPU_DECLARE_EXTEND(NS)                                                             \
+  namespace minisgl_cpu {                                                                          \
+  namespace NS {                                                                                   \
+  void extend_task(int qdt, int kvdt, const ExtendArgs& a, int64_t task, float* scratch);          \
   }                                                                                                \
   }

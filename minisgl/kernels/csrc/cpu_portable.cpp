@@ -66,5 +66,13 @@ struct V {
 
 inline V::F V::exp(F a) { for (int l = 0; l < 8; ++l) a.v[l] = exp1(a.v[l]); return a; }
 
+struct VX {
+  static inline V::F max(V::F a, V::F b) {
+    for (int l = 0; l < 8; ++l) a.v[l] = b.v[l] > a.v[l] || b.v[l] != b.v[l] ? b.v[l] : a.v[l];
+    return a;
+  }
+};
+#include "cpu_extend.h"
+
 }  // namespace portable
 }  // namespace minisgl_cpu
