@@ -158,7 +158,16 @@ def test_backend_routes_plain_extend_layers_to_the_kernel() -> None:
     from minisgl.attention.torch_backend import TorchAttnBackend
     from minisgl.kvcache.pool import KVPool
 
-    assert not TorchAttnBackend(KVPool(1, 8, 16, 3, 64, torch.float32, torch.device("cpu")), 9, 3, 64, 0.125).cpu_extend
+    from minisgl.platform import current
+    from minisgl.platform.kernel_config import KernelConfig
+
+    platform, previous = current(), current().kernels
+    platform.use_kernels(KernelConfig())  # the default config (an engine built earlier may have set its own)
+    try:
+        fp32 = KVPool(1, 8, 16, 3, 64, torch.float32, torch.device("cpu"))
+        assert not TorchAttnBackend(fp32, 9, 3, 64, 0.125).cpu_extend
+    finally:
+        platform.use_kernels(previous)
     torch.manual_seed(0)
     seq_lens, extend_lens, page = [40, 7, 130, 65], [40, 1, 50, 65], 16
     pool = KVPool(2, 64, page, 3, 64, torch.bfloat16, torch.device("cpu"))
