@@ -6,6 +6,8 @@ prefix. Reports wall and process CPU time per layer (the kernel's pool threads i
 load average (the machine may be shared).
 
     PYTHONPATH=$PWD python tools/cpu_extend_bench.py [--isa avx2] [--dtype float32] [--reps 5]
+
+Findings: docs/performance.md, "C++ prefill attention on CPU (fifteenth session, h-cpuext)".
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ shape in <= 0.25 s, 8k in <= 0.035 s), in one GPU call. `python tools/sweep_exte
    then a ranking by the summed time of the three cases.
 2. Whole model (skipped when --budget leaves too little): `bench offline`'s engine for the 0.6B
    shape (dummy weights, no prefix cache, no decode graphs), prefill of one fresh 8k and one 32k
-   prompt (one output token; median of 3 wall times), with the current launch and with the two
-   best candidates (the extend launch for sequences > 2048 tokens replaced), 32k at prefill
-   chunks of 8k, 16k and 32k tokens (the scheduler's budget). It also reports whether the engine's
-   requests were one slot run (what the "run" / "tma" key sources need).
+   prompt (one output token; median of 3 wall times) at the current launch, 32k at prefill chunks
+   of 8k, 16k and 32k tokens (the scheduler's budget). The tool never swaps the engine's launch at
+   run time: to time a leader in the whole model, make it `_extend_config`'s default and rerun.
+   (The fifteenth session's run did swap it and timed the leaders so; that is how 256x64 was chosen.)
 
 The last lines name the `_extend_config` long-sequence launch to make the default. Without CUDA,
 `--cpu-check` runs part 1 on tiny shapes under the Triton interpreter (the tool's own test), and
@@ -254,12 +254,13 @@ def scattered(shape: Shape, leaders: list[Candidate], dev: torch.device) -> None
         print(f"  {cand.label:32} {ms:>9.3f} ms {'' if ok else f'DIFFERS (rel max {err:.2e})'}")
 
 
-def whole_model(leaders: list[Candidate]) -> None:
-    """Part 2: prefill wall time of the whole 0.6B shape, current launch vs the leaders."""
+def whole_model() -> None:
+    """Part 2: prefill wall time of the whole 0.6B shape at the current launch. The tool never
+    swaps the engine's launch at run time (tests/unit/test_structure.py): to compare a leader in
+    the whole model, make it the default in `_extend_config` and run this part again."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _workload import setup
 
-    import minisgl.attention.triton_backend as triton_backend
     from minisgl.core import SamplingParams
 
     args = ["configs/qwen3-0.6b", "--num-seqs", "1", "--min-input", "8", "--max-input", "8", "--min-output", "1",
@@ -267,7 +268,6 @@ def whole_model(leaders: list[Candidate]) -> None:
             "--max-model-len", "33024", "--no-roofline"]  # fmt: skip
     _, _, _, llm = setup(args)
     planner = llm.scheduler.planner
-    original = extend_mod._extend_config
     gen = torch.Generator().manual_seed(0)
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1)
 
@@ -279,44 +279,14 @@ def whole_model(leaders: list[Candidate]) -> None:
         torch.cuda.synchronize()
         return time.perf_counter() - start
 
-    runs_seen: list[bool] = []
-    real_bases = triton_backend.contiguous_bases
-
-    def watching_bases(*a: Any) -> torch.Tensor:
-        bases = real_bases(*a)
-        runs_seen.append(bool((bases >= 0).all()))
-        return bases
-
     print("\n== whole model (bench offline's engine, Qwen3-0.6B shape, dummy weights): prefill wall s, median of 3")
-    for cand in [None, *leaders]:
-        if cand is None:
-            extend_mod._extend_config = original
-        else:
-            long_config = cand.config()
-
-            def patched(dtype: torch.dtype, head_dim: int, group: int = 1, max_seq_len: int | None = None,
-                        _c: _ExtendConfig = long_config) -> _ExtendConfig:  # fmt: skip
-                config = original(dtype, head_dim, group, max_seq_len)
-                long = max_seq_len is None or max_seq_len > extend_mod._SHORT_EXTEND_SEQ
-                return _c if long and dtype == torch.bfloat16 and head_dim == D and group == 2 else config
-
-            extend_mod._extend_config = patched
-        label = "current default" if cand is None else cand.label
-        cells = []
-        for chunk, tokens in ((8192, 8192), (8192, 32768), (16384, 32768), (32768, 32768)):
-            planner.budget = chunk
-            prefill(tokens)  # warm: compiles, allocator
-            seconds = statistics.median(prefill(tokens) for _ in range(3))
-            cells.append(f"{tokens // 1024}k@{chunk // 1024}k {seconds:.4f}")
-        print(f"  {label:32} " + "  ".join(cells), flush=True)
-        if cand is not None and cand.bulk and cand.kv_load != "gather" and not runs_seen:
-            # The backend computes the bases once per step (its own import of the function).
-            triton_backend.contiguous_bases = watching_bases
-            planner.budget = 16384
-            prefill(32768)
-            triton_backend.contiguous_bases = real_bases
-            print(f"    engine's extend calls with every request one slot run: {sum(runs_seen)} of {len(runs_seen)}")
-    extend_mod._extend_config = original
+    cells = []
+    for chunk, tokens in ((8192, 8192), (8192, 32768), (16384, 32768), (32768, 32768)):
+        planner.budget = chunk
+        prefill(tokens)  # warm: compiles, allocator
+        seconds = statistics.median(prefill(tokens) for _ in range(3))
+        cells.append(f"{tokens // 1024}k@{chunk // 1024}k {seconds:.4f}")
+    print(f"  {'current default':32} " + "  ".join(cells), flush=True)
 
 
 def sass() -> None:
@@ -414,7 +384,7 @@ def main() -> int:
         print("whole-model part skipped (--no-model, or under 50 s of --budget left)")
     else:
         try:
-            whole_model(leaders)
+            whole_model()
         except Exception as exc:  # part 1's table stands on its own
             print(f"whole-model part failed: {type(exc).__name__}: {exc}")
     print(f"(total {time.perf_counter() - start:.1f} s)")
