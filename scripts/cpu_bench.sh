@@ -216,7 +216,7 @@ report=$WORK/report.md
          "(auto = gguf: the shipped file's Q4_1/Q8_0 blocks kept, fp32 activations, quantized CPU kernels" \
          "on the ${CPU_ISA:-best} path); minisgl-f32: the same with \`--weights float32\` (every tensor dequantized);" \
          "minisgl-bf16: \`--weights bfloat16\` (CPUs with native bf16 only); KV pool: $KV_PAGES pages of 16 tokens" \
-         "(fp32, or bf16), the capacity of llama-server's -c $CTX"
+         "(fp16 pages for the quantized default, fp32 for f32, bf16 for bf16), the capacity of llama-server's -c $CTX"
     echo "- peer: llama.cpp llama-server ($LLAMA_VERSION, built from the llama-cpp-python sdist's vendored tree," \
          "Release, LLAMA_ISA=$LLAMA_ISA: $LLAMA_BUILD) \`-t $THREADS -tb $THREADS -np $SLOTS -cb -c $CTX" \
          "${LLAMA_NO_REPACK:+--no-repack }${LLAMA_ARGS:-}\`${LLAMA_NO_REPACK:+ (--no-repack added: the first start died of SIGILL in its AMX kernels, unusable on this CPU)};" \
