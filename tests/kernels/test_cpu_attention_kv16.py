@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.kernels import cpp_ext
+from tests.cpu_build import build
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 PATHS = ["avx512bf16", "avx512", "avx2", "portable"]
@@ -25,18 +26,12 @@ LENS = [1, 7, 16, 17, 300, 64]
 
 @pytest.fixture(scope="module")
 def lib() -> cpp_ext.CpuKernels:
-    try:
-        return cpp_ext.load_library()
-    except RuntimeError as exc:
-        pytest.skip(f"no C++ toolchain: {exc}")
+    return build(cpp_ext.load_library)
 
 
 @pytest.fixture(scope="module")
 def portable_lib() -> cpp_ext.CpuKernels:
-    try:
-        return cpp_ext.load_library(portable_only=True)
-    except RuntimeError as exc:
-        pytest.skip(f"no C++ toolchain: {exc}")
+    return build(cpp_ext.load_library, portable_only=True)
 
 
 def _paged_case(q_dtype: torch.dtype, kv_dtype: torch.dtype, lens: list[int], hkv: int, group: int, dim: int):

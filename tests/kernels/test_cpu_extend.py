@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.kernels import cpp_ext, cpu_extend
+from tests.cpu_build import build
 
 PATHS = ["avx512bf16", "avx512", "avx2", "portable"]
 # (cached prefix, new tokens) per request: 1-token extends, chunks over a prefix, fresh prompts,
@@ -25,18 +26,12 @@ REQUESTS = [(0, 37), (100, 1), (50, 80), (0, 1), (200, 64), (13, 5), (0, 130), (
 
 @pytest.fixture(scope="module")
 def lib() -> cpp_ext.CpuKernels:
-    try:
-        return cpp_ext.load_library()
-    except RuntimeError as exc:
-        pytest.skip(f"no C++ toolchain: {exc}")
+    return build(cpp_ext.load_library)
 
 
 @pytest.fixture(scope="module")
 def portable_lib() -> cpp_ext.CpuKernels:
-    try:
-        return cpp_ext.load_library(portable_only=True)
-    except RuntimeError as exc:
-        pytest.skip(f"no C++ toolchain: {exc}")
+    return build(cpp_ext.load_library, portable_only=True)
 
 
 def _case(kv_dtype: torch.dtype, q_dtype: torch.dtype, group: int, dim: int, hkv: int = 2,
@@ -157,7 +152,6 @@ def test_backend_routes_plain_extend_layers_to_the_kernel() -> None:
     from minisgl.attention.batch import ForwardBatch
     from minisgl.attention.torch_backend import TorchAttnBackend
     from minisgl.kvcache.pool import KVPool
-
     from minisgl.platform import current
     from minisgl.platform.kernel_config import KernelConfig
 
@@ -181,7 +175,7 @@ def test_backend_routes_plain_extend_layers_to_the_kernel() -> None:
         table[row] = (pages[row * 16 : (row + 1) * 16][pos // page] * page + pos % page).int()
     out_loc = torch.cat([table[r, s - e : s] for r, (s, e) in enumerate(zip(seq_lens, extend_lens))]).long()
     starts = [sum(extend_lens[:i]) for i in range(len(extend_lens))]
-    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)
     batch = ForwardBatch(
         phase="extend", input_ids=torch.zeros(len(out_loc), dtype=torch.int64),
         positions=torch.cat([torch.arange(s - e, s) for s, e in zip(seq_lens, extend_lens)]), out_loc=out_loc,

@@ -31,6 +31,7 @@ import torch
 
 from minisgl.kernels import cpu_quant
 from minisgl.kernels.quant_ref import QUANT_TYPES, QuantType, dequantize_ref, quant_type
+from tests.cpu_build import build
 
 gguf = pytest.importorskip("gguf")
 
@@ -41,18 +42,12 @@ TYPES = list(QUANT_TYPES)
 
 @pytest.fixture(scope="module")
 def lib() -> cpu_quant.QuantLib:
-    try:
-        return cpu_quant.load_library()
-    except RuntimeError as exc:
-        pytest.skip(f"no C++ toolchain: {exc}")
+    return build(cpu_quant.load_library)
 
 
 @pytest.fixture(scope="module")
 def portable_lib() -> cpu_quant.QuantLib:
-    try:
-        return cpu_quant.load_library(portable_only=True)
-    except RuntimeError as exc:
-        pytest.skip(f"no C++ toolchain: {exc}")
+    return build(cpu_quant.load_library, portable_only=True)
 
 
 def _need(lib: cpu_quant.QuantLib, isa: str) -> None:

@@ -20,6 +20,7 @@ import torch
 
 from minisgl.kernels import cpu_quant
 from minisgl.kernels.quant_ref import QUANT_TYPES, dequantize_ref
+from tests.cpu_build import build
 from tests.kernels.test_cpu_quant import (
     PATHS,
     TYPES,
@@ -32,10 +33,7 @@ from tests.kernels.test_cpu_quant import (
 
 @pytest.fixture(scope="module")
 def lib() -> cpu_quant.QuantLib:
-    try:
-        return cpu_quant.load_library()
-    except RuntimeError as exc:
-        pytest.skip(f"no C++ toolchain: {exc}")
+    return build(cpu_quant.load_library)
 
 
 PROT_NONE = 0  # <sys/mman.h>; the mmap module exports only PROT_READ, PROT_WRITE, PROT_EXEC

@@ -24,6 +24,7 @@ from minisgl.kernels import cpp_ext, cpu_ops
 from minisgl.kernels.activation_ref import silu_and_mul_ref
 from minisgl.kernels.norm_ref import fused_add_rms_norm_ref, rms_norm_ref
 from minisgl.kernels.rotary_ref import qk_norm_rotary_ref, rotary_ref
+from tests.cpu_build import build
 
 BF16, F32 = torch.bfloat16, torch.float32
 PATHS = ["avx512bf16", "avx512", "avx2", "portable"]
@@ -32,18 +33,12 @@ DTYPES = [F32, BF16]
 
 @pytest.fixture(scope="module")
 def lib() -> cpp_ext.CpuKernels:
-    try:
-        return cpp_ext.load_library()
-    except RuntimeError as exc:
-        pytest.skip(f"no C++ toolchain: {exc}")
+    return build(cpp_ext.load_library)
 
 
 @pytest.fixture(scope="module")
 def portable_lib() -> cpp_ext.CpuKernels:
-    try:
-        return cpp_ext.load_library(portable_only=True)
-    except RuntimeError as exc:
-        pytest.skip(f"no C++ toolchain: {exc}")
+    return build(cpp_ext.load_library, portable_only=True)
 
 
 def _need(lib: cpp_ext.CpuKernels, isa: str) -> None:
