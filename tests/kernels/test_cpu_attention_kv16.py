@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.kernels import cpp_ext
-from tests.cpu_build import build
+from tests.cpu_build import build, scattered_table
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 PATHS = ["avx512bf16", "avx512", "avx2", "portable"]
@@ -40,15 +40,7 @@ def _paged_case(q_dtype: torch.dtype, kv_dtype: torch.dtype, lens: list[int], hk
     # fp32 values rounded to the pages' type (nearest even), as KVPool.store writes them.
     k_cache = (torch.randn(slots_total, hkv, dim) * 2).to(kv_dtype)
     v_cache = torch.randn(slots_total, hkv, dim).to(kv_dtype)
-    table = torch.zeros(len(lens) + 2, 512, dtype=torch.int32)
-    pages = torch.randperm(slots_total // 16)
-    used = 0
-    rows = torch.tensor([len(lens) + 1 - i for i in range(len(lens))])  # rows out of order
-    for i, n in enumerate(lens):
-        count = -(-n // 16)
-        slots = (pages[used : used + count, None] * 16 + torch.arange(16)).reshape(-1)[:n]
-        used += count
-        table[rows[i], :n] = slots.int()
+    table, rows = scattered_table(lens, slots_total, 512)
     q = torch.randn(len(lens), hkv * group, dim).to(q_dtype)
     return q, k_cache, v_cache, table, rows, torch.tensor(lens, dtype=torch.int32)
 

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.kernels import cpu_attention
+from tests.cpu_build import scattered_table
 
 pytestmark = pytest.mark.skipif(cpu_attention.load() is None, reason="the C++ kernel could not be built here")
 
@@ -17,15 +18,7 @@ def _paged_case(dtype: torch.dtype, lens: list[int], hkv: int = 3, group: int = 
     slots_total = 4096
     k_cache = torch.randn(slots_total, hkv, dim).to(dtype)
     v_cache = torch.randn(slots_total, hkv, dim).to(dtype)
-    table = torch.zeros(len(lens) + 2, 1024, dtype=torch.int32)
-    pages = torch.randperm(slots_total // 16)
-    used = 0
-    rows = torch.tensor([len(lens) + 1 - i for i in range(len(lens))])  # rows out of order
-    for i, n in enumerate(lens):
-        count = -(-n // 16)
-        slots = (pages[used : used + count, None] * 16 + torch.arange(16)).reshape(-1)[:n]
-        used += count
-        table[rows[i], :n] = slots.int()
+    table, rows = scattered_table(lens, slots_total, 1024)
     q = torch.randn(len(lens), hkv * group, dim).to(dtype)
     return q, k_cache, v_cache, table, rows, torch.tensor(lens, dtype=torch.int32)
 
@@ -48,7 +41,6 @@ def test_kernel_matches_sdpa_per_request(dtype: torch.dtype) -> None:
 def test_backend_uses_the_kernel_for_bf16_only() -> None:
     from minisgl.attention.torch_backend import TorchAttnBackend
     from minisgl.kvcache.pool import KVPool
-
     from minisgl.platform import current
     from minisgl.platform.kernel_config import KernelConfig
 

@@ -24,7 +24,7 @@ from minisgl.kernels import cpp_ext, cpu_ops
 from minisgl.kernels.activation_ref import silu_and_mul_ref
 from minisgl.kernels.norm_ref import fused_add_rms_norm_ref, rms_norm_ref
 from minisgl.kernels.rotary_ref import qk_norm_rotary_ref, rotary_ref
-from tests.cpu_build import build
+from tests.cpu_build import build, scattered_table
 
 BF16, F32 = torch.bfloat16, torch.float32
 PATHS = ["avx512bf16", "avx512", "avx2", "portable"]
@@ -130,15 +130,7 @@ def _paged_case(dtype: torch.dtype, lens: list[int], hkv: int, group: int, dim: 
     slots_total = 2048
     k_cache = torch.randn(slots_total, hkv, dim).to(dtype)
     v_cache = torch.randn(slots_total, hkv, dim).to(dtype)
-    table = torch.zeros(len(lens) + 2, 512, dtype=torch.int32)
-    pages = torch.randperm(slots_total // 16)
-    used = 0
-    rows = torch.tensor([len(lens) + 1 - i for i in range(len(lens))])  # rows out of order
-    for i, n in enumerate(lens):
-        count = -(-n // 16)
-        slots = (pages[used : used + count, None] * 16 + torch.arange(16)).reshape(-1)[:n]
-        used += count
-        table[rows[i], :n] = slots.int()
+    table, rows = scattered_table(lens, slots_total, 512)
     q = torch.randn(len(lens), hkv * group, dim).to(dtype)
     return q, k_cache, v_cache, table, rows, torch.tensor(lens, dtype=torch.int32)
 
