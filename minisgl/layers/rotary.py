@@ -18,19 +18,22 @@ RotaryFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 # One cos/sin table per distinct rope and device, shared by the layers that rotate alike (every
 # layer of a model, as a rule): SmolLM2's 30 layers held 30 copies of its 8192-position table,
-# 60 MB. Weak values: a table lives as long as a layer holds its cos/sin views.
+# 60 MB. Weak values: a table lives as long as a layer holds it (`RotaryEmbedding._table`). Its
+# cos/sin views do not keep the table's Python object alive under inference mode (an inference
+# tensor's views record no base), and the engine builds its model under inference mode.
 _TABLES: weakref.WeakValueDictionary[tuple[Any, ...], torch.Tensor] = weakref.WeakValueDictionary()
 
 
-def _cos_sin(rotary_dim: int, max_positions: int, base: float, scaling: dict[str, Any] | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fp32 cos and sin tables (`_angles`' rows, times its factor) on the default device."""
+def _cos_sin_table(rotary_dim: int, max_positions: int, base: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+    """[2, rows, rotary_dim / 2]: the fp32 cos and sin tables (`_angles`' rows, times its factor)
+    on the default device, shared while some layer holds it."""
     key = (rotary_dim, max_positions, base, json.dumps(scaling, sort_keys=True, default=str), str(torch.get_default_device()))
     table = _TABLES.get(key)
     if table is None:
         freqs, attn_factor = _angles(rotary_dim, max_positions, base, scaling)
         table = torch.stack([freqs.cos() * attn_factor, freqs.sin() * attn_factor])
         _TABLES[key] = table
-    return table[0], table[1]
+    return table
 
 
 def _inv_freq(head_dim: int, base: float, scaling: dict[str, Any] | None) -> tuple[torch.Tensor, float]:
@@ -131,7 +134,10 @@ class RotaryEmbedding(nn.Module):
         self.rotary_dim = head_dim if rotary_dim is None else rotary_dim
         self.partial = self.rotary_dim < head_dim
         assert self.rotary_dim % 2 == 0 and 0 < self.rotary_dim <= head_dim, (self.rotary_dim, head_dim)
-        cos, sin = _cos_sin(self.rotary_dim, max_positions, base, scaling)
+        # The shared table, held so the next layer built finds it (see _TABLES); not a buffer:
+        # cos and sin are (views of it), and a state_dict lists them once each.
+        self._table = _cos_sin_table(self.rotary_dim, max_positions, base, scaling)
+        cos, sin = self._table[0], self._table[1]
         # The table stays fp32 (a buffer, not a parameter) and is cast at use.
         self.cos: torch.Tensor
         self.sin: torch.Tensor

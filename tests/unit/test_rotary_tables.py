@@ -19,6 +19,15 @@ def test_layers_share_one_table_with_the_same_values() -> None:
         assert torch.equal(layer.cos, freqs.cos() * factor) and torch.equal(layer.sin, freqs.sin() * factor)
 
 
+def test_layers_built_under_inference_mode_share_one_table() -> None:
+    """The engine builds its model under inference mode, where a view records no base: the
+    table's Python object (what the weak cache holds) must not die with the call that made it."""
+    with torch.inference_mode():
+        layers = [RotaryEmbedding(64, 1024, 10000.0, None) for _ in range(3)]
+    assert len({layer.cos.untyped_storage().data_ptr() for layer in layers}) == 1
+    assert len({layer.sin.data_ptr() for layer in layers}) == 1
+
+
 def test_different_ropes_get_their_own_tables() -> None:
     plain = RotaryEmbedding(64, 1024, 10000.0, None)
     others = [RotaryEmbedding(64, 1024, 500000.0, None), RotaryEmbedding(64, 512, 10000.0, None),
