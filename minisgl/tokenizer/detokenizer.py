@@ -18,6 +18,7 @@ from minisgl.message.tokenizer import TokenOutMsg
 from minisgl.tokenizer.incremental import BatchDecode, DetokResult, IncrementalDetokenizer
 from minisgl.tokenizer.token_text import TokenText, fast_token_text, slow_token_text
 from minisgl.utils.logging import get_logger
+from minisgl.utils.memory import trim_heap
 from minisgl.utils.process import ReadyReporter
 
 logger = get_logger(__name__)
@@ -66,6 +67,7 @@ def run_detokenizer(model_dir: str, addrs: DetokenizerAddrs, ready: ReadyReporte
     to_scheds: list[ZmqPushQueue[object]] = [ZmqPushQueue(addr, WIRE) for addr in addrs.schedulers]
     to_front: ZmqPushQueue[object] = ZmqPushQueue(addrs.frontend, WIRE)
     detok = IncrementalDetokenizer(*make_decoders(model_dir))
+    trim_heap()  # tokenizer.json's parse temporaries (utils/memory.py)
     ready.ready()
 
     def send(result: DetokResult) -> None:

@@ -30,6 +30,7 @@ from minisgl.message.tokenizer import (
 from minisgl.tokenizer.request import RequestTokenizer, load_hf_tokenizer
 from minisgl.tokenizer.router import ReplicaRouter
 from minisgl.utils.logging import get_logger
+from minisgl.utils.memory import trim_heap
 from minisgl.utils.process import ReadyReporter
 
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ def run_tokenizer(model_dir: str, context_len: int, addrs: TokenizerAddrs, ready
     if reports is None:
         return
     worker = RequestTokenizer(tokenizer, engine_limits(reports, context_len), reasoning_parser)
+    trim_heap()  # the tokenizer's load temporaries (utils/memory.py)
     ready.ready()
     while True:
         msg = recv.get()
