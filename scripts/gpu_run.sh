@@ -9,7 +9,7 @@
 #            same workload: --no-overlap-schedule, --no-fused-kernels (UNFUSED=0 skips it), no CUDA graphs
 #   main     the headline run alone
 #   fp8kv    the headline workload with --kv-cache-dtype fp8_e4m3 beside bf16 KV, and bs=1 decode with each
-#   fp8w     Qwen3-8B's shape with --quantization fp8 (float8 W8A8, per-channel weights quantized at
+#   fp8w     Qwen3-8B's shape with --quantization fp8 / fp8_block (float8 W8A8, per-channel / 128x128-block weights quantized at
 #            load) beside bf16, same KV budget, at the workload and at bs=1 decode, plus fp8 weights
 #            with fp8 KV; first the FP8 GEMM GPU tests (tests/kernels/test_fp8_weights_gpu.py; FP8W_TESTS=0 skips them)
 #   ablate   the other switches, each against the default of the same call: --no-pdl, --no-fold-norms,
@@ -183,6 +183,8 @@ if has fp8w; then  # issue 25: FP8 weights on the 8B shape, beside bf16 weights 
     bench qwen3-8b-fp8w-fp8kv 130 $W8 --quantization fp8 --kv-cache-dtype fp8_e4m3
     bench bs1-8b-bf16w 60 $B8
     bench bs1-8b-fp8w 60 $B8 --quantization fp8
+    bench qwen3-8b-fp8block-fp8kv 130 $W8 --quantization fp8_block --kv-cache-dtype fp8_e4m3
+    bench bs1-8b-fp8block 60 $B8 --quantization fp8_block
 fi
 if has ablate; then  # switches under study, each against the headline run of the same call
     bench qwen3-0.6b-default 110 $W
