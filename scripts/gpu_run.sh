@@ -179,12 +179,12 @@ if has fp8w; then  # issue 25: FP8 weights on the 8B shape, beside bf16 weights 
     W8="--model configs/qwen3-8b --dummy-weights --kv-cache-gb 60 --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0"
     B8="--model configs/qwen3-8b --dummy-weights --kv-cache-gb 60 --num-seqs 1 --min-input 128 --max-input 128 --min-output 1024 --max-output 1024"
     bench qwen3-8b-bf16w 130 $W8
+    bench qwen3-8b-fp8block-fp8kv 130 $W8 --quantization fp8_block --kv-cache-dtype fp8_e4m3
+    bench bs1-8b-bf16w 60 $B8
+    bench bs1-8b-fp8block 60 $B8 --quantization fp8_block
+    bench bs1-8b-fp8w 60 $B8 --quantization fp8
     bench qwen3-8b-fp8w 130 $W8 --quantization fp8
     bench qwen3-8b-fp8w-fp8kv 130 $W8 --quantization fp8 --kv-cache-dtype fp8_e4m3
-    bench bs1-8b-bf16w 60 $B8
-    bench bs1-8b-fp8w 60 $B8 --quantization fp8
-    bench qwen3-8b-fp8block-fp8kv 130 $W8 --quantization fp8_block --kv-cache-dtype fp8_e4m3
-    bench bs1-8b-fp8block 60 $B8 --quantization fp8_block
 fi
 if has ablate; then  # switches under study, each against the headline run of the same call
     bench qwen3-0.6b-default 110 $W
