@@ -9,9 +9,9 @@
 #            same workload: --no-overlap-schedule, --no-fused-kernels (UNFUSED=0 skips it), no CUDA graphs
 #   main     the headline run alone
 #   fp8kv    the headline workload with --kv-cache-dtype fp8_e4m3 beside bf16 KV, and bs=1 decode with each
-#   fp8w     Qwen3-8B's shape with --quantization fp8 (float8 W8A8, per-channel weights quantized at
+#   fp8w     Qwen3-8B's shape with --quantization fp8 / fp8_block (float8 W8A8, per-channel / 128x128-block weights quantized at
 #            load) beside bf16, same KV budget, at the workload and at bs=1 decode, plus fp8 weights
-#            with fp8 KV; first the FP8 GEMM GPU tests (tests/kernels/test_fp8_weights_gpu.py)
+#            with fp8 KV; first the FP8 GEMM GPU tests (tests/kernels/test_fp8_weights_gpu.py; FP8W_TESTS=0 skips them)
 #   ablate   the other switches, each against the default of the same call: --no-pdl, --no-fold-norms,
 #            --no-triton-gemm, --no-decode-tuned, --no-pad-eager, 8k-token prefill steps
 #   bench8b  Qwen3-8B, the same workload        moe  Qwen3-30B-A3B, the same workload
@@ -171,17 +171,20 @@ if has fp8kv; then  # issue 25: the same workload with float8 KV pages, beside t
     bench bs1-fp8kv 45 $B1 --kv-cache-dtype fp8_e4m3
 fi
 if has fp8w; then  # issue 25: FP8 weights on the 8B shape, beside bf16 weights in this call, one KV budget
-    if [ "$DRY" = 1 ]; then echo "+ pytest -m gpu tests/kernels/test_fp8_weights_gpu.py"; else
+    if [ "${FP8W_TESTS:-1}" = 0 ]; then echo "(FP8W_TESTS=0: the FP8 GEMM GPU tests skipped)"
+    elif [ "$DRY" = 1 ]; then echo "+ pytest -m gpu tests/kernels/test_fp8_weights_gpu.py"; else
         timeout 300 python3 -m pytest -q -rf --tb=short -m gpu tests/kernels/test_fp8_weights_gpu.py -p no:cacheprovider \
             2>&1 | tee "$OUT/fp8w_tests.log" | tail -6
     fi
     W8="--model configs/qwen3-8b --dummy-weights --kv-cache-gb 60 --num-seqs 256 --min-input 100 --max-input 1024 --min-output 100 --max-output 1024 --seed 0"
     B8="--model configs/qwen3-8b --dummy-weights --kv-cache-gb 60 --num-seqs 1 --min-input 128 --max-input 128 --min-output 1024 --max-output 1024"
     bench qwen3-8b-bf16w 130 $W8
+    bench qwen3-8b-fp8block-fp8kv 130 $W8 --quantization fp8_block --kv-cache-dtype fp8_e4m3
+    bench bs1-8b-bf16w 60 $B8
+    bench bs1-8b-fp8block 60 $B8 --quantization fp8_block
+    bench bs1-8b-fp8w 60 $B8 --quantization fp8
     bench qwen3-8b-fp8w 130 $W8 --quantization fp8
     bench qwen3-8b-fp8w-fp8kv 130 $W8 --quantization fp8 --kv-cache-dtype fp8_e4m3
-    bench bs1-8b-bf16w 60 $B8
-    bench bs1-8b-fp8w 60 $B8 --quantization fp8
 fi
 if has ablate; then  # switches under study, each against the headline run of the same call
     bench qwen3-0.6b-default 110 $W

@@ -17,8 +17,9 @@ Weights = Literal["auto", "gguf", "float32", "bfloat16", "float16"]
 KVCacheDType = Literal["auto", "float32", "bfloat16", "float16", "fp8_e4m3"]
 # Weight quantization: "auto" = the checkpoint's (its quantization_config; float weights stay
 # float); "fp8" = float8 W8A8, a float checkpoint quantized at load (per-channel weight scales,
-# per-token activation scales; models/quant_fp8.py).
-Quantization = Literal["auto", "fp8"]
+# per-token activation scales; models/quant_fp8.py); "fp8_block" = the same with 128x128 weight
+# blocks and per-token, per-128-column activation scales (the layout of Qwen3-*-FP8 / DeepSeek-V3).
+Quantization = Literal["auto", "fp8", "fp8_block"]
 # What the engine serves: text generation, or embeddings (models/pooling.py); auto: the checkpoint says.
 EngineTask = Literal["auto", "generate", "embed"]
 

@@ -99,8 +99,8 @@ class Engine:
             load_gguf_weights(self.model, gguf_file(config.model))
         else:
             kv_scales = load_checkpoint(self.model, self.model_dir)  # float8 layers where the checkpoint has them
-        if config.quantization == "fp8":  # a float model's linear layers to float8 (models/quant_fp8.py)
-            quantize_loaded(self.model)
+        if config.quantization != "auto":  # a float model's linear layers to float8 (models/quant_fp8.py)
+            quantize_loaded(self.model, block=(128, 128) if config.quantization == "fp8_block" else None)
         self.model.eval()
         self.lora = self._make_lora()  # None: no adapters served
 

@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from minisgl.distributed import get_tp_info
-from minisgl.kernels.fp8_ref import FP8_DTYPE, block_scales_to_rows, dequantize_fp8, fp8_linear_ref, quantize_fp8
+from minisgl.kernels.fp8_ref import (FP8_DTYPE, block_scales_to_rows, dequantize_fp8, fp8_linear_ref, quantize_fp8,
+                                      quantize_weight_blocks)
 from minisgl.kernels.impl import triton_installed
 from minisgl.kernels.moe_ref import moe_ref
 from minisgl.layers.linear import ColumnParallelLinear, RowParallelLinear
@@ -157,10 +158,28 @@ def finish_linear(layer: ColumnParallelLinear | RowParallelLinear, scale_name: s
     layer.use_weight_fn(Fp8LinearFn(layer.weight.data, scale, group, impl), sharded=True)
 
 
-def quantize_linear(layer: ColumnParallelLinear | RowParallelLinear, impl: Fp8Impl) -> None:
-    """`--quantization fp8` on a loaded float layer: per-channel float8 (scale = row amax / 448)."""
-    qweight, scale = quantize_fp8(layer.weight.data)
-    layer.use_weight_fn(Fp8LinearFn(qweight, scale, None, impl), sharded=True)
+def quantize_linear(layer: ColumnParallelLinear | RowParallelLinear, impl: Fp8Impl,
+                    block: tuple[int, int] | None = None) -> None:  # fmt: skip
+    """`--quantization fp8` on a loaded float layer: per-channel float8 (scale = row amax / 448);
+    with `block` (`fp8_block`), one scale per block of the weight, as a block checkpoint stores it
+    (then expanded to the rows, as the loader does for those checkpoints)."""
+    if block is None:
+        qweight, scale = quantize_fp8(layer.weight.data)
+        layer.use_weight_fn(Fp8LinearFn(qweight, scale, None, impl), sharded=True)
+        return
+    # Each checkpoint part of a fused layer (q | k | v, gate | up) in blocks of its own, as the
+    # checkpoint of those parts would hold them.
+    weight = layer.weight.data
+    parts = layer.parts if isinstance(layer, ColumnParallelLinear) else (None,)
+    qweights, scales = [], []
+    for part in parts:
+        offset, size, _ = layer.part_rows(part) if isinstance(layer, ColumnParallelLinear) else (0, weight.shape[0], 0)
+        qweight, blocks = quantize_weight_blocks(weight.narrow(0, offset, size), block)
+        qweights.append(qweight)
+        scales.append(block_scales_to_rows(blocks, size, block[0]))
+    qweight = qweights[0] if len(qweights) == 1 else torch.cat(qweights)
+    scale = scales[0] if len(scales) == 1 else torch.cat(scales)
+    layer.use_weight_fn(Fp8LinearFn(qweight, scale, block[1], impl), sharded=True)
 
 
 class Fp8MoeFn:

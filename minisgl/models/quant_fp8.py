@@ -8,7 +8,7 @@ the experts their `Fp8MoeFn`). The layers the checkpoint keeps float (its `ignor
 `modules_to_not_convert`: the LM head, MoE routers) are whatever the file stores in float.
 
 `--quantization fp8` on a float checkpoint: `quantize_loaded` quantizes every loaded linear
-layer per output channel (the experts, if any, stay float).
+layer per output channel (the experts, if any, stay float); `fp8_block` in 128x128 blocks.
 """
 
 from __future__ import annotations
@@ -102,16 +102,17 @@ def finish_fp8(model: nn.Module, plan: Fp8Plan) -> None:
                 plan.scheme.source, plan.scheme.weight, plan.scheme.activation, len(plan.layers), plan.impl)  # fmt: skip
 
 
-def quantize_loaded(model: nn.Module) -> int:
+def quantize_loaded(model: nn.Module, block: tuple[int, int] | None = None) -> int:
     """`--quantization fp8` on a float checkpoint: every linear layer still holding a float weight
-    becomes float8 with per-channel scales. Returns how many."""
+    becomes float8 with per-channel scales (`block`: one scale per block, `fp8_block`). Returns how many."""
     layers = [m for m in model.modules()
               if isinstance(m, (ColumnParallelLinear, RowParallelLinear)) and not m.weight_held_by_fn]  # fmt: skip
     if not layers:
         return 0
     impl = select_fp8_impl(layers[0].weight.device)
     for layer in layers:
-        quantize_linear(layer, impl)
-    logger.info("--quantization fp8: %d linear layers quantized at load (per-channel weights, per-token "
-                "activations), the %s GEMM", len(layers), impl)  # fmt: skip
+        quantize_linear(layer, impl, block)
+    weights = "per-channel weights, per-token" if block is None else f"{block[0]}x{block[1]} weight blocks, per-token-group"
+    logger.info("--quantization fp8%s: %d linear layers quantized at load (%s activations), the %s GEMM",
+                "" if block is None else "_block", len(layers), weights, impl)  # fmt: skip
     return len(layers)

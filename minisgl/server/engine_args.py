@@ -101,7 +101,8 @@ def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -
     m.add_argument("--quantization", default=defaults.quantization, choices=list(get_args(Quantization)),
                    help="weight quantization: auto = the checkpoint's quantization_config (FP8 checkpoints run "
                    "float8); fp8 = float8 W8A8, a float checkpoint quantized at load with per-channel weight "
-                   "and per-token activation scales (default: auto)")  # fmt: skip
+                   "and per-token activation scales; fp8_block = the same with 128x128 weight blocks and per-token, "
+                   "per-128-column activation scales, the layout Qwen3-*-FP8 and DeepSeek-V3 ship (default: auto)")  # fmt: skip
     m.add_argument("--dummy-weights", action="store_true", help="random weights (benchmarks without a checkpoint)")
     m.add_argument("--max-model-len", type=positive_int, default=None, help="cap on the context length")
     m.add_argument("--seed", type=int, default=defaults.seed, help="random seed of the engine (default: 0)")

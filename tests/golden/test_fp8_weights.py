@@ -10,7 +10,8 @@ layout (tests/fp8_builders.py):
   as compressed-tensors blocks (one quantized model, two layouts: equal tokens), with 128x128
   blocks (partial edge blocks) and 32x32 (several K-groups);
 - the Triton kernels (interpreted) equal the torch reference on each format's whole model;
-- `--quantization fp8` on the float checkpoint equals llm-compressor's FP8-Dynamic layout of it;
+- `--quantization fp8` on the float checkpoint equals llm-compressor's FP8-Dynamic layout of it,
+  and `--quantization fp8_block` the 128x128 block checkpoint of it;
 - Qwen3-MoE with float8 experts in 128x128 blocks equals the model whose experts hold the
   dequantized weights (the reference computes the experts from dequantized weights).
 """
@@ -117,6 +118,22 @@ def test_quantization_fp8_at_load_equals_fp8_dynamic_checkpoint(base: Path, tmp_
     shipped, expected = _greedy(write_fp8_checkpoint(base, tmp_path / "ct", "ct-channel"), prompts)
     assert got == expected
     for a, b in zip(_fp8_fns(at_load), _fp8_fns(shipped), strict=True):
+        assert torch.equal(a.qweight.view(torch.uint8), b.qweight.view(torch.uint8))
+        torch.testing.assert_close(a.scale, b.scale, rtol=0, atol=0)
+    _, float_tokens = _greedy(base, prompts)
+    assert got != float_tokens  # the model did change
+
+
+def test_quantization_fp8_block_at_load_equals_the_block_checkpoint(base: Path, tmp_path: Path) -> None:
+    """`--quantization fp8_block` on the float checkpoint quantizes as a `quant_method: fp8`
+    checkpoint with 128x128 blocks stores it (partial edge blocks on the tiny shapes): same float8
+    bits, same row scales and K groups, same greedy tokens."""
+    prompts = _prompts(5)
+    at_load, got = _greedy(base, prompts, quantization="fp8_block")
+    shipped, expected = _greedy(write_fp8_checkpoint(base, tmp_path / "fp8", "fp8-block", (128, 128)), prompts)
+    assert got == expected
+    for a, b in zip(_fp8_fns(at_load), _fp8_fns(shipped), strict=True):
+        assert a.group == b.group == 128
         assert torch.equal(a.qweight.view(torch.uint8), b.qweight.view(torch.uint8))
         torch.testing.assert_close(a.scale, b.scale, rtol=0, atol=0)
     _, float_tokens = _greedy(base, prompts)
