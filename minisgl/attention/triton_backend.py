@@ -89,6 +89,7 @@ class _GraphBuffers:
     # Host staging for `order` (int32): a replay's copy may be in flight while the next is staged.
     order_host: StagingRing
     token_table_ptr: int | None = None  # the table captured graphs read; it must stay the same tensor
+    staged_order: list[int] | None = None  # what `order` holds (`prepare_for_replay`), None: unknown
 
 
 class TritonAttnBackend(BaseAttnBackend):
@@ -281,12 +282,16 @@ class TritonAttnBackend(BaseAttnBackend):
     def prepare_for_replay(self, batch: ForwardBatch) -> None:
         """Before a replay: the order of the requests in the captured batch's buffers, which the
         caller has refreshed, padded to the captured size (padding entries have seq_len 0: the
-        kernels compute nothing there and output zeros). One host-to-device copy."""
+        kernels compute nothing there and output zeros). One host-to-device copy, none when the
+        order is the one the buffer holds (the usual decode step: every length grew by one; a
+        speculative verify row's entries are always in the same order)."""
         graph = self._graph_for(batch)
         batch_size = batch.batch_size
         # Padding entries (any captured size may read them) follow in their own order.
         order = _longest_first(batch.seq_lens_cpu) + list(range(batch_size, graph.max_bs))
-        graph.order.copy_(graph.order_host.stage(array("i", order)), non_blocking=True)
+        if order != graph.staged_order:
+            graph.order.copy_(graph.order_host.stage(array("i", order)), non_blocking=True)
+            graph.staged_order = order
 
     def _graph_launch(self, batch_size: int) -> DecodeLaunch:
         return decode_graph_launch(

@@ -128,6 +128,7 @@ class Engine:
         self._token_staging = StagingRing(self.platform.pin_memory)
         self._events = [self.platform.new_event(), self.platform.new_event()]
         self._step_parity = 0
+        self._no_targets = torch.empty(0, dtype=torch.int64, device=self.device)
         self.pad_eager = bool(config.pad_eager)
         if self.pool.quantized:  # before folding (it runs the plain layers) and graph capture
             self._set_kv_scales(kv_scales)
@@ -241,7 +242,7 @@ class Engine:
             sizes = graph_batch_sizes(max_bs, cfg.max_running_requests, cfg.decode_entries_per_request)
             return GraphRunner(
                 self.model, self.attn_backend, self.token_table, sizes,
-                self.scratch_row, self.pool.scratch_slot, self.device,
+                self.scratch_row, self.pool.scratch_slot, self.device, pin_memory=self.platform.pin_memory,
             )
         return EagerRunner(self.model, self.attn_backend)
 
@@ -329,6 +330,15 @@ class Engine:
         out_loc_list = plan.out_loc
         logits_idx = sample_idx + prompt_idx
         num_logits = len(logits_idx)
+        original = self.model_config.long_rope_from
+        long_rope = original is not None and any(req.long_rope for req in plan.reqs)
+        # A decode step a captured graph replays goes to the runner's buffers in one copy.
+        if decode and not long_rope and not plan.table_rows and len(plan.from_prev) in (0, len(input_ids)):
+            src = [j for _, j in plan.from_prev]  # every token in flight: token i is the step's i-th
+            staged = self.runner.stage_decode(input_ids, positions, out_loc_list, rows, seq_lens,
+                                              prev.tokens if src and prev is not None else None, src)  # fmt: skip
+            if staged is not None:
+                return _Built(staged, sampled, prompt_chunks, self._no_targets, num_logits, pooled)
         if pad and not decode:
             # Padding tokens: token 0 at position 0 of the scratch row (whose table entry becomes the
             # scratch slot), KV to the scratch slot. No request's attention covers them, and every
@@ -350,8 +360,7 @@ class Engine:
             seq_lens, ext_lens, starts, out_loc_list + plan.table_slots,
         ], int32_tail=4)  # fmt: skip
         pos_t = table_pos[: len(positions)]
-        original = self.model_config.long_rope_from
-        if original is not None and any(req.long_rope for req in plan.reqs):  # rotary rows, not positions
+        if long_rope and original is not None:  # rotary rows, not positions
             spans = [(s, s + n) for req, s, n in zip(plan.reqs, starts, ext_lens) if req.long_rope]
             rope_rows = long_rope_rows(positions, spans, self.model_config.context_len, original)
             pos_t = upload(rope_rows, torch.int64, self.device)

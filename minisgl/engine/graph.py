@@ -3,12 +3,21 @@
 `GraphRunner` captures the decode forward for a ladder of batch sizes up to `max_bs`; a live
 decode batch is padded to the nearest captured size (padding rows attend to nothing and write
 their KV to the pool's scratch slot) and replayed. Anything else runs eagerly. The captured
-kernels read the runner's static input buffers, the attention metadata included, so a replay
-costs two copies into them (the int64 inputs as one block, the int32 lengths).
+kernels read the runner's static input buffers, the attention metadata included.
+
+A decode step's inputs reach those buffers in one host-to-device copy (`stage_decode`: the
+engine hands its host lists, the runner packs them, padding included, as its buffers lie, and
+writes the token table from them), so the host work between a step's tokens and the next replay
+is a few calls: the copy, the table write, the backend's replay hook, the replay. That is the
+critical path of a speculative verify step, which cannot be planned before the step before it
+completes (docs/speculative.md). A batch built apart (LongRoPE rows, a partial gather of
+in-flight tokens) is copied in as before (`run`: the int64 inputs as one block, the lengths).
 """
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -17,6 +26,7 @@ from torch import nn
 from minisgl.attention.base import BaseAttnBackend
 from minisgl.attention.batch import ForwardBatch, forward_context
 from minisgl.utils.logging import get_logger
+from minisgl.utils.transfer import StagingRing
 
 logger = get_logger(__name__)
 
@@ -26,11 +36,22 @@ class Runner(Protocol):
 
     def run_pooled(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]: ...
 
+    def stage_decode(
+        self, input_ids: Sequence[int], positions: Sequence[int], out_loc: Sequence[int], rows: Sequence[int],
+        seq_lens: list[int], prev_tokens: torch.Tensor | None = None, src: Sequence[int] = (),
+    ) -> ForwardBatch | None: ...  # fmt: skip
+
 
 class EagerRunner:
     def __init__(self, model: nn.Module, backend: BaseAttnBackend) -> None:
         self.model = model
         self.backend = backend
+
+    def stage_decode(
+        self, input_ids: Sequence[int], positions: Sequence[int], out_loc: Sequence[int], rows: Sequence[int],
+        seq_lens: list[int], prev_tokens: torch.Tensor | None = None, src: Sequence[int] = (),
+    ) -> ForwardBatch | None:  # fmt: skip
+        return None  # nothing to stage into: the engine builds the batch
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         self.backend.prepare(batch)
@@ -104,6 +125,50 @@ def padded_rows(n: int) -> int:
     return -(-n // step) * step
 
 
+class Replayable(Protocol):
+    def replay(self) -> None: ...
+
+
+class CudaGraphs:
+    """Captures CUDA graphs that share one memory pool (the first, largest, graph's)."""
+
+    def __init__(self) -> None:
+        self.pool: object | None = None
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()
+
+    def capture(self, forward: Callable[[], torch.Tensor]) -> tuple[Replayable, torch.Tensor]:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = forward()
+        if self.pool is None:
+            self.pool = graph.pool()
+        return graph, out
+
+
+class EagerGraphs:
+    """A stand-in for `CudaGraphs` where there are none (CPU tests and host-time probes): a replay
+    runs the captured forward again, on the same static buffers and metadata, into the captured
+    output, which is what a graph replay computes."""
+
+    def synchronize(self) -> None:
+        pass
+
+    def capture(self, forward: Callable[[], torch.Tensor]) -> tuple[Replayable, torch.Tensor]:
+        out = forward()
+        return _Rerun(forward, out), out
+
+
+class _Rerun:
+    def __init__(self, forward: Callable[[], torch.Tensor], out: torch.Tensor) -> None:
+        self.forward = forward
+        self.out = out
+
+    def replay(self) -> None:
+        self.out.copy_(self.forward())
+
+
 class GraphRunner:
     def __init__(
         self,
@@ -114,8 +179,11 @@ class GraphRunner:
         scratch_row: int,
         scratch_slot: int,
         device: torch.device,
+        graphs: CudaGraphs | EagerGraphs | None = None,
+        pin_memory: bool = True,
     ) -> None:
         self.eager = EagerRunner(model, backend)
+        self.capturer = graphs if graphs is not None else CudaGraphs()
         self.model = model
         self.backend = backend
         self.token_table = token_table
@@ -125,22 +193,40 @@ class GraphRunner:
         self.scratch_slot = scratch_slot
         # Row `scratch_row` belongs to no request: the static rows start there, and its first slot
         # is the scratch slot (what the backend's start-up warm-up reads). Padding entries of a
-        # replay keep whatever row they last held; their seq_len 0 reads none of it.
+        # replay hold the scratch row (`stage_decode`) or whatever row they last held (a batch
+        # copied in by `run`); their seq_len 0 reads none of it.
         token_table[scratch_row, 0] = scratch_slot
         long = dict(dtype=torch.int64, device=device)
-        # input_ids, positions, out_loc, rows: the rows of one buffer, so a batch uploaded as one
-        # block (`ForwardBatch.decode_block`) lands in them with one copy.
-        self.inputs = torch.zeros(4, max_bs, **long)  # type: ignore[arg-type]
+        # Every input in one buffer (`stage_decode` fills it with one copy), in rows of `width`
+        # int64 (16-byte aligned): input_ids, positions, out_loc, rows (the first four also as one
+        # [4, max_bs] block, where a batch uploaded as `ForwardBatch.decode_block` lands), the
+        # gather's source indices into the step in flight's tokens, then a row of int32 pairs:
+        # seq_lens and out_loc in int32 (the token table's type).
+        self.width = width = -(-max_bs // 2) * 2
+        self.packed = torch.zeros(6 * width, **long)  # type: ignore[arg-type]
+        self.inputs = self.packed[: 4 * width].view(4, width)[:, :max_bs]
         self.input_ids, self.positions, self.out_loc, self.rows = self.inputs.unbind(0)
+        self.gather_src = self.packed[4 * width : 5 * width]
+        int32 = self.packed[5 * width :].view(torch.int32)
+        self.seq_lens = int32[:max_bs]
+        self.slots32 = int32[width : width + max_bs]
         self.out_loc.fill_(scratch_slot)
         self.rows.fill_(scratch_row)
-        self.seq_lens = torch.zeros(max_bs, dtype=torch.int32, device=device)
+        self.slots32.fill_(scratch_slot)
+        # Host side of `stage_decode` (pinned on CUDA; two: step N+1 is staged while N's copy may
+        # be in flight) and the padding it writes past a batch: no token, scratch slot and row.
+        self._staging = StagingRing(pin_memory)
+        self._zeros = [0] * width
+        self._scratch_slots = [scratch_slot] * width
+        self._scratch_rows = [scratch_row] * width
+        self._staged: ForwardBatch | None = None  # the batch `stage_decode` put in the buffers
+        self._views: dict[int, ForwardBatch] = {}  # `_view`
         self.arange = torch.arange(max_bs, **long)  # type: ignore[arg-type]
         self.arange32 = self.arange.int()
         self.ones32 = torch.ones(max_bs, dtype=torch.int32, device=device)
         self.replays = 0  # steps replayed / run eagerly since start (bench spec --verify-cost reads them)
         self.eager_runs = 0
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, Replayable] = {}
         self.logits: dict[int, torch.Tensor] = {}
         backend.init_graph_state(max_bs)
         self._capture_all()
@@ -165,25 +251,68 @@ class GraphRunner:
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
-        pool = None
         for bs in reversed(self.sizes):  # largest first so smaller graphs reuse its memory pool
             batch = self._static_batch(bs)
             self.backend.prepare_for_capture(batch)
+
+            def forward(batch: ForwardBatch = batch) -> torch.Tensor:
+                with forward_context(batch):
+                    hidden = self.model(batch.input_ids, batch.positions)
+                return self.model.compute_logits(hidden)
+
             for _ in range(2):  # warm up (autotuning, lazy init) outside the graph
-                with forward_context(batch):
-                    hidden = self.model(batch.input_ids, batch.positions)
-                self.model.compute_logits(hidden)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                with forward_context(batch):
-                    hidden = self.model(batch.input_ids, batch.positions)
-                self.logits[bs] = self.model.compute_logits(hidden)
-            if pool is None:
-                pool = graph.pool()
-            self.graphs[bs] = graph
-        torch.cuda.synchronize()
+                forward()
+            self.capturer.synchronize()
+            self.graphs[bs], self.logits[bs] = self.capturer.capture(forward)
+        self.capturer.synchronize()
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
+
+    def stage_decode(
+        self, input_ids: Sequence[int], positions: Sequence[int], out_loc: Sequence[int], rows: Sequence[int],
+        seq_lens: list[int], prev_tokens: torch.Tensor | None = None, src: Sequence[int] = (),
+    ) -> ForwardBatch | None:  # fmt: skip
+        """Put a decode batch (one entry per token; host lists) in the static buffers with one
+        copy and write its token-table entries; the batch returned replays without further
+        copies (`run`). `src`: where every input token is one the step in flight samples, its
+        index in `prev_tokens` (gathered on the device). None: no captured size holds the batch
+        (the engine builds it to run eagerly)."""
+        bs = len(rows)
+        if not self.sizes or bs > self.max_bs:
+            return None
+        width, pad = self.width, self.width - bs
+        zeros = self._zeros
+        flat = array("q", input_ids)
+        flat.extend(zeros[:pad])
+        flat.extend(positions)
+        flat.extend(zeros[:pad])
+        flat.extend(out_loc)
+        flat.extend(self._scratch_slots[:pad])
+        flat.extend(rows)
+        flat.extend(self._scratch_rows[:pad])
+        flat.extend(src)
+        flat.extend(zeros[: width - len(src)])
+        tail = array("i", seq_lens)
+        tail.extend(zeros[:pad])
+        tail.extend(out_loc)
+        tail.extend(self._scratch_slots[:pad])
+        flat.frombytes(tail.tobytes())
+        self.packed.copy_(self._staging.stage(flat), non_blocking=True)
+        if src:
+            assert prev_tokens is not None and len(src) == bs
+            torch.index_select(prev_tokens, 0, self.gather_src[:bs], out=self.input_ids[:bs])
+        # Padding entries write the scratch row's position 0, which holds the scratch slot already.
+        self.token_table.index_put_((self.rows, self.positions), self.slots32)
+        batch = self._staged = self._view(bs, seq_lens)
+        return batch
+
+    def _view(self, bs: int, seq_lens_cpu: list[int]) -> ForwardBatch:
+        """`_static_batch(bs, seq_lens_cpu)`, one object per size kept between steps (its host
+        lengths replaced): no views are sliced per replay."""
+        batch = self._views.get(bs)
+        if batch is None:
+            batch = self._views[bs] = self._static_batch(bs, seq_lens_cpu)
+        batch.seq_lens_cpu = seq_lens_cpu
+        return batch
 
     def run_pooled(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         return self.eager.run_pooled(batch)  # steps with embedding requests are never decode steps
@@ -195,19 +324,23 @@ class GraphRunner:
             return self.eager.run(batch)
         self.replays += 1
         bs = batch.batch_size
-        if batch.decode_block is not None:
-            self.inputs[:, :bs].copy_(batch.decode_block)
+        if batch is self._staged:
+            self._staged = None  # its inputs are in the buffers (`stage_decode`), padding included
         else:
-            self.input_ids[:bs].copy_(batch.input_ids)
-            self.positions[:bs].copy_(batch.positions)
-            self.out_loc[:bs].copy_(batch.out_loc)
-            self.rows[:bs].copy_(batch.rows)
-        self.seq_lens[:bs].copy_(batch.seq_lens)
-        if padded > bs:
-            # Padding entries attend to nothing (seq_len 0) and write their KV to the scratch
-            # slot; their token, position and row are left from earlier steps (valid, unused).
-            self.out_loc[bs:padded].fill_(self.scratch_slot)
-            self.seq_lens[bs:padded].zero_()
-        self.backend.prepare_for_replay(self._static_batch(padded, batch.seq_lens_cpu + [0] * (padded - bs)))
+            if batch.decode_block is not None:
+                self.inputs[:, :bs].copy_(batch.decode_block)
+            else:
+                self.input_ids[:bs].copy_(batch.input_ids)
+                self.positions[:bs].copy_(batch.positions)
+                self.out_loc[:bs].copy_(batch.out_loc)
+                self.rows[:bs].copy_(batch.rows)
+            self.seq_lens[:bs].copy_(batch.seq_lens)
+            if padded > bs:
+                # Padding entries attend to nothing (seq_len 0) and write their KV to the scratch
+                # slot; their token, position and row are left from earlier steps (valid, unused).
+                self.out_loc[bs:padded].fill_(self.scratch_slot)
+                self.seq_lens[bs:padded].zero_()
+        lens = batch.seq_lens_cpu if padded == bs else batch.seq_lens_cpu + [0] * (padded - bs)
+        self.backend.prepare_for_replay(self._view(padded, lens))
         self.graphs[padded].replay()
         return self.logits[padded][:bs]

@@ -9,8 +9,10 @@ import torch
 
 from minisgl import LLM, SamplingParams
 from minisgl.attention.batch import ForwardBatch
+from minisgl.attention.torch_backend import TorchAttnBackend
 from minisgl.bench.spec import FixedProposer
-from minisgl.engine.graph import graph_batch_sizes, graph_capacity, replay_size
+from minisgl.engine.graph import EagerGraphs, GraphRunner, graph_batch_sizes, graph_capacity, replay_size
+from minisgl.layers.attention import AttentionLayer
 from tests.tiny_models import make_tiny_model
 
 
@@ -64,6 +66,9 @@ class _Recording:
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         self.seen.append((batch.phase, batch.batch_size, replay_size(self.sizes, batch)))
         return self.inner.run(batch)
+
+    def stage_decode(self, *args, **kwargs) -> ForwardBatch | None:
+        return self.inner.stage_decode(*args, **kwargs)  # an eager runner's: None (the batch is built)
 
 
 @pytest.mark.parametrize("running", [1, 3])
@@ -127,3 +132,75 @@ def test_deferred_outputs_come_back_after_the_next_launch(model_dir):
     assert sched.spec.stats.verify_steps > 0
     plain = LLM(model_dir, device="cpu", page_size=4, num_pages=512, max_running_requests=1)
     assert tokens == plain.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+
+
+class _ReplayableTorch(TorchAttnBackend):
+    """The torch backend with the graph hooks, for a `GraphRunner` on CPU (`EagerGraphs`, whose
+    replay runs the captured forward again): a replay plans the captured batch afresh from the
+    runner's static buffers and the host lengths the runner hands `prepare_for_replay`."""
+
+    def init_graph_state(self, max_bs: int) -> None:
+        self.captured: dict[int, ForwardBatch] = {}
+
+    def prepare_for_capture(self, batch: ForwardBatch) -> None:
+        self.captured[batch.batch_size] = batch
+        self.prepare(batch)
+
+    def prepare_for_replay(self, batch: ForwardBatch) -> None:
+        captured = self.captured[batch.batch_size]
+        assert captured.rows.data_ptr() == batch.rows.data_ptr()  # the runner's buffers
+        captured.seq_lens_cpu = list(batch.seq_lens_cpu)
+        assert captured.seq_lens.tolist() == captured.seq_lens_cpu  # the device lengths were staged
+        self.prepare(captured)
+
+
+class _CountingRunner(GraphRunner):
+    """Counts the decode steps that reached the static buffers through `stage_decode`."""
+
+    staged_steps = 0
+
+    def stage_decode(self, *args, **kwargs):
+        batch = super().stage_decode(*args, **kwargs)
+        self.staged_steps += batch is not None
+        return batch
+
+
+def _cpu_graph_runner(llm) -> _CountingRunner:
+    """What Engine._make_runner builds on CUDA for this engine's config, on CPU: the graphs'
+    sizes, and a replay computing what the captured forward computes on the static buffers."""
+    engine, cfg = llm.engine, llm.engine.config
+    mc = engine.model_config
+    backend = _ReplayableTorch(engine.pool, *engine.attn_shape, mc.head_dim, mc.softmax_scale)
+    for module in engine.model.modules():
+        if isinstance(module, AttentionLayer):
+            module.bind(backend)
+    capacity = graph_capacity(cfg.cuda_graph_max_bs, cfg.max_running_requests, cfg.decode_entries_per_request)
+    sizes = graph_batch_sizes(capacity, cfg.max_running_requests, cfg.decode_entries_per_request)
+    return _CountingRunner(engine.model, backend, engine.token_table, sizes, engine.scratch_row,
+                           engine.pool.scratch_slot, engine.device, graphs=EagerGraphs(), pin_memory=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("speculative", [None, "ngram", "fixed"])
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("running", [1, 3])
+def test_staged_replays_equal_eager_decoding(model_dir, speculative, overlap, running):
+    """Decode steps reach a graph's static buffers in one packed copy (`GraphRunner.stage_decode`),
+    padding entries included (n-gram proposals of fewer than K tokens pad a verify step up to a
+    captured size; three requests take sizes between), the in-flight tokens gathered on the device
+    with overlap: greedy ids equal eager decoding without speculation, every decode step replayed,
+    no page held at idle."""
+    spec = {} if speculative is None else {"speculative_algorithm": "ngram", "num_speculative_tokens": 4}
+    llm = LLM(model_dir, device="cpu", page_size=4, num_pages=512, max_running_requests=running, overlap=overlap,
+              **spec)  # fmt: skip
+    if speculative == "fixed":
+        llm.scheduler.spec.proposer = FixedProposer()
+    runner = llm.engine.runner = _cpu_graph_runner(llm)
+    prompts = [[5 + i, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5 + i][: 11 - i] for i in range(running)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    got = [r.outputs[0].token_ids for r in llm.generate(prompts, params, use_tqdm=False)]
+    llm.scheduler.check_idle_invariants()
+    assert runner.replays > 0 and runner.staged_steps == runner.replays
+    if speculative is not None:
+        assert llm.scheduler.spec.stats.verify_steps > 0
+    plain = LLM(model_dir, device="cpu", page_size=4, num_pages=512, max_running_requests=running)
+    assert got == [r.outputs[0].token_ids for r in plain.generate(prompts, params, use_tqdm=False)]
