@@ -2,27 +2,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 from functools import cache
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import psutil
 import torch
 
 from minisgl.env import ENV
 from minisgl.platform.base import BasePlatform
-
-
-@cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, or None (another C library)."""
-    name = ctypes.util.find_library("c")
-    try:
-        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    except OSError:
-        return None
+from minisgl.utils.memory import trim_heap
 
 
 _OPENMP_LIBS = ("libgomp", "libomp", "libiomp")
@@ -157,9 +147,7 @@ class CpuPlatform(BasePlatform):
         # A prefill's activations (tens of MB per op) are freed into malloc's heap, which keeps
         # them: ~200 MB of SmolLM2's server after 32 prompts of up to 512 tokens. malloc_trim
         # returns every free page of it (a few ms; only when the scheduler has nothing to do).
-        trim = _malloc_trim()
-        if trim is not None:
-            trim(0)
+        trim_heap()
 
     def kv_budget(self, memory_fraction: float) -> int:
         # Host memory is shared with everything else: a quarter of what is free, at most 4 GiB.
