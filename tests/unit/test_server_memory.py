@@ -11,6 +11,7 @@ import torch
 
 from minisgl.kvcache.latent_pool import LatentPool
 from minisgl.kvcache.pool import KVPool, zeroed_buffers
+from minisgl.utils.memory import trim_heap
 from tests.tiny_models import make_tiny_model
 
 
@@ -24,6 +25,7 @@ def _rss_anon_mib() -> float:
 
 def test_pool_memory_is_committed_on_write() -> None:
     # 4 layers x (K + V) x 2049 pages x 16 slots x 4 heads x 128 x 4 B = 256 MiB of fp32 pages.
+    trim_heap()  # free heap pages malloc might hand back mid-test would hide part of the growth
     before = _rss_anon_mib()
     pool = KVPool(4, 2048, 16, 4, 128, torch.float32, torch.device("cpu"))
     assert _rss_anon_mib() - before < 32  # torch.zeros would have committed all 256 MiB here
@@ -70,7 +72,8 @@ def test_cpu_engine_imports_no_triton(tmp_path: Path) -> None:
 
 
 def test_cpu_platform_returns_freed_heap_when_idle() -> None:
-    from minisgl.platform.cpu import CpuPlatform, _malloc_trim
+    from minisgl.platform.cpu import CpuPlatform
+    from minisgl.utils.memory import _malloc_trim
 
     assert _malloc_trim() is not None  # glibc (the CI's and this project's machines)
     big = torch.ones(20 << 18)  # 20 MiB, mmapped and freed: malloc's mmap threshold rises past 10 MiB
