@@ -156,9 +156,11 @@ def fp8_quantize(x: torch.Tensor, group: int | None = None) -> tuple[torch.Tenso
 
 
 def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, group: int | None,
-             out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+             out_dtype: torch.dtype, bias: torch.Tensor | None = None, config: Fp8GemmConfig | None = None,
+             promote_every: int | None = PROMOTE_EVERY) -> torch.Tensor:  # fmt: skip
     """xq [M, K] float8 with scales xs [M, G] times qweight [N, K] float8 with scales [N, G]
-    (G = 1 per channel, else ceil(K / group)): [M, N] in `out_dtype`."""
+    (G = 1 per channel, else ceil(K / group)): [M, N] in `out_dtype`. `config` (default
+    `gemm_config`) and `promote_every` (None: Triton's default) are for tools/sweep_fp8_gemm.py."""
     m, k = xq.shape
     n = qweight.shape[0]
     assert qweight.shape[1] == k and qweight.stride(1) == 1 and xq.stride(1) == 1
@@ -166,13 +168,13 @@ def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, scale: t
     out = torch.empty(m, n, dtype=out_dtype, device=xq.device)
     if m == 0:
         return out
-    cfg = gemm_config(m, n, num_sms(xq.device))
+    cfg = config or gemm_config(m, n, num_sms(xq.device))
     block_k = 128 if group is None else group
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
     _fp8_gemm_kernel[grid](
         xq, xs, qweight, scale, out, bias if bias is not None else out, m, n, k,
         xq.stride(0), qweight.stride(0), out.stride(0), xs.stride(0), scale.stride(0),
-        GROUPED=group is not None, HAS_BIAS=bias is not None, IMPRECISE_ACC=min(PROMOTE_EVERY, block_k),
+        GROUPED=group is not None, HAS_BIAS=bias is not None, IMPRECISE_ACC=None if promote_every is None else min(promote_every, block_k),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
