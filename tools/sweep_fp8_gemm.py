@@ -38,7 +38,7 @@ if not torch.cuda.is_available():
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch.nn.functional as F  # noqa: E402
 
-from minisgl.kernels.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_quantize, gemm_config  # noqa: E402
+from minisgl.kernels.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_quantize, gemm_config, promote_for  # noqa: E402
 from minisgl.kernels.fp8_ref import dequantize_fp8, quantize_fp8, quantize_weight_blocks  # noqa: E402
 
 SHAPES_8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288)]
@@ -101,12 +101,12 @@ def run_gpu(rows: list[int], budget: float) -> None:
                 xq, xs = fp8_quantize(x, group)
                 ws_list = per_group[group]
 
-                def timed(cfg: Fp8GemmConfig | None, promote: int | None = 32) -> float:
+                def timed(cfg: Fp8GemmConfig | None, promote: int | None | str = "auto") -> float:
                     return graph_us([lambda qw=qw, ws=ws: fp8_gemm(xq, xs, qw, ws, group, torch.bfloat16, config=cfg,
                                                                    promote_every=promote) for qw, ws in ws_list])  # fmt: skip
 
                 now = timed(None)
-                best = (now, gemm_config(m, n, torch.cuda.get_device_properties(0).multi_processor_count), 32)
+                best = (now, gemm_config(m, n, group is not None), promote_for(group, torch.bfloat16))
                 for cfg, promote in launches(m):
                     if time.monotonic() - start > budget:
                         break

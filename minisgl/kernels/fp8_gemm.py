@@ -11,12 +11,17 @@ per token (or per token and K-group), then `fp8_gemm` multiplies float8 tiles on
   before it is added (DeepSeek-V3's recipe; the weight's block scales are held one per row).
 
 The layouts and the oracle are kernels/fp8_ref.py's; the result equals `fp8_linear_ref` up to
-fp32 summation order, on sm90 too: each float8 WGMMA's partial sum is promoted to the fp32
-accumulator (`PROMOTE_EVERY`), not left in the tensor core's ~14-bit one for the whole K loop.
-The launches are a heuristic (`gemm_config`, no measured table yet): narrow column tiles for
-decode rows, so that N / BLOCK_N programs spread the weight stream over the SMs. Not yet done:
-the activation quantization fused into the kernel before (RMSNorm, SiLU), split-K for the
-narrowest layers, and a float8 MoE kernel (experts dequantize: layers/fp8.py).
+fp32 summation order where the output is fp32, on sm90 too: each float8 WGMMA's partial sum is
+promoted to the fp32 accumulator (`PROMOTE_EVERY`), not left in the tensor core's ~14-bit one for
+the K loop. Where the output is 16-bit (the served models), the grouped kernel promotes once per
+128-group instead (`promote_for`; DeepSeek-V3's interval): 1.3-1.8e-4 of the output's range off
+the float64 product on an H200, 20x under a bf16 half-ulp, and 3.6x faster at 256 rows; and the
+per-channel layers beyond 16 rows go to cuBLASLt's float8 GEMM with row-wise scales
+(`torch._scaled_mm`, sm90+), 1.3-2x faster than this kernel there, and so do grouped layers
+whose scales are true 128x128 blocks (block-scaled cuBLAS, 2.3-2.6x faster than the grouped kernel). The launches are measured
+(`gemm_config`, tools/sweep_fp8_gemm.py). Not yet done: the activation quantization fused into
+the kernel before (RMSNorm, SiLU), and a float8 MoE kernel
+(experts dequantize: layers/fp8.py).
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ import triton
 import triton.language as tl
 
 from minisgl.kernels.fp8_ref import FP8_DTYPE, FP8_MAX, MIN_SCALE
-from minisgl.kernels.impl import num_sms
 
 # Products a Hopper (sm90) float8 WGMMA may sum in its own accumulator before the partial sum is
 # added to the fp32 one: 32, one instruction's K. The accumulator of a float8 WGMMA keeps about
@@ -37,6 +41,13 @@ from minisgl.kernels.impl import num_sms
 # failures at 100 and 1000 rows, BLOCK_M 128: WGMMA; the 16-row tiles use mma.sync). At 32 each
 # instruction's partial sum is promoted to fp32. No effect on sm89 or under the interpreter.
 PROMOTE_EVERY = 32
+
+
+def promote_for(group: int | None, out_dtype: torch.dtype) -> int | None:
+    """The promotion interval of a launch: every WGMMA (PROMOTE_EVERY) for an fp32 output or a
+    per-channel one (one accumulator over all of K: 4-8e-3 of the range off without); per group
+    (None: Triton's chaining within one `tl.dot` of BLOCK_K = group) for a 16-bit grouped output."""
+    return None if group is not None and out_dtype != torch.float32 else PROMOTE_EVERY
 
 
 @triton.jit
@@ -54,7 +65,7 @@ def _round_to_e4m3(v):
 
 
 @triton.jit(do_not_specialize=["M"])
-def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_x, stride_q, stride_s,
+def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_x, stride_q, stride_s, stride_sg,
                      SPAN: tl.constexpr, BLOCK: tl.constexpr, FMAX: tl.constexpr, SMIN: tl.constexpr,
                      ROUND_FIRST: tl.constexpr):  # fmt: skip
     """Program (row, g): columns [g * SPAN, (g + 1) * SPAN) of one row (SPAN = K: the whole row)."""
@@ -68,7 +79,7 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_x, stride_q, stride_s,
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(x))
     scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), FMAX), SMIN)
-    tl.store(s_ptr + row * stride_s + tl.program_id(1), scale)
+    tl.store(s_ptr + row * stride_s + tl.program_id(1) * stride_sg, scale)
     for k0 in range(0, SPAN, BLOCK):
         cols = start + k0 + offs
         mask = (cols < K) & (k0 + offs < SPAN)
@@ -127,29 +138,36 @@ class Fp8GemmConfig(NamedTuple):
     num_stages: int
 
 
-def gemm_config(m: int, n: int, sms: int) -> Fp8GemmConfig:
-    """The launch for `m` rows of `n` outputs on `sms` SMs (BLOCK_K is 128, or the group). Decode
-    rows stream the weight: the widest column tile that still gives every SM two programs (Qwen3-8B
-    at one row: 16 columns for o_proj / down_proj / qkv, 64 for gate_up). Not measured yet."""
+def gemm_config(m: int, n: int, grouped: bool = False) -> Fp8GemmConfig:
+    """The launch for `m` rows of `n` outputs (BLOCK_K is 128, or the group), from
+    tools/sweep_fp8_gemm.py on an H200 (2026-12-02, Qwen3-8B's projections; docs/performance.md,
+    "FP8 GEMM launches"): decode rows take 16-row tiles with deep pipelines and 32 columns (64 for
+    qkv per channel and gate_up grouped; narrower tiles that give every SM two programs measured
+    slower); 17-64 rows 64x64 (32x64 grouped over narrow layers); beyond, the grouped kernel 64x128
+    with 4 warps, the per-channel one 128x128 with 8 (where the output is 16-bit, `fp8_linear`
+    gives the per-channel layers beyond 16 rows to cuBLAS instead)."""
     if m <= 16:
-        block_n = next((b for b in (64, 32) if -(-n // b) >= 2 * sms), 16)
-        return Fp8GemmConfig(16, block_n, 4, 5)
+        wide = n >= 16384  # gate_up
+        block_n = 64 if (wide if grouped else 4096 < n < 16384) else 32
+        return Fp8GemmConfig(16, block_n, 4, 4 if wide else 6)
     if m <= 64:
-        return Fp8GemmConfig(64, 64, 4, 4)
-    return Fp8GemmConfig(128, 128, 8, 3)
+        return Fp8GemmConfig(32 if grouped and n <= 4096 else 64, 64, 4, 4)
+    return Fp8GemmConfig(64, 128, 4, 3) if grouped else Fp8GemmConfig(128, 128, 8, 3)
 
 
-def fp8_quantize(x: torch.Tensor, group: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`fp8_ref.quantize_fp8` of x [M, K] in one launch."""
+def fp8_quantize(x: torch.Tensor, group: int | None = None, column_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fp8_ref.quantize_fp8` of x [M, K] in one launch; `column_major`: the scales [M, G] laid
+    out G-major (stride (1, M)), as cuBLAS's block-scaled GEMM reads them."""
     assert x.dim() == 2 and x.stride(-1) == 1, x.shape
     m, k = x.shape
     span = k if group is None else group
     groups = -(-k // span)
     q = torch.empty(m, k, dtype=FP8_DTYPE, device=x.device)
-    scale = torch.empty(m, groups, dtype=torch.float32, device=x.device)
+    scale = torch.empty(groups, m, dtype=torch.float32, device=x.device).t() if column_major else \
+        torch.empty(m, groups, dtype=torch.float32, device=x.device)
     if m:
         block = min(triton.next_power_of_2(span), 1024)
-        _quantize_kernel[(m, groups)](x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0),
+        _quantize_kernel[(m, groups)](x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1),
                                       SPAN=span, BLOCK=block, FMAX=FP8_MAX, SMIN=MIN_SCALE,
                                       ROUND_FIRST=x.device.type == "cpu")  # CPU tensors: the interpreter  # fmt: skip
     return q, scale
@@ -157,10 +175,11 @@ def fp8_quantize(x: torch.Tensor, group: int | None = None) -> tuple[torch.Tenso
 
 def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, group: int | None,
              out_dtype: torch.dtype, bias: torch.Tensor | None = None, config: Fp8GemmConfig | None = None,
-             promote_every: int | None = PROMOTE_EVERY) -> torch.Tensor:  # fmt: skip
+             promote_every: int | None | str = "auto") -> torch.Tensor:  # fmt: skip
     """xq [M, K] float8 with scales xs [M, G] times qweight [N, K] float8 with scales [N, G]
     (G = 1 per channel, else ceil(K / group)): [M, N] in `out_dtype`. `config` (default
-    `gemm_config`) and `promote_every` (None: Triton's default) are for tools/sweep_fp8_gemm.py."""
+    `gemm_config`) and `promote_every` (default `promote_for`; None: Triton's chaining) are for
+    tools/sweep_fp8_gemm.py."""
     m, k = xq.shape
     n = qweight.shape[0]
     assert qweight.shape[1] == k and qweight.stride(1) == 1 and xq.stride(1) == 1
@@ -168,8 +187,10 @@ def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, scale: t
     out = torch.empty(m, n, dtype=out_dtype, device=xq.device)
     if m == 0:
         return out
-    cfg = config or gemm_config(m, n, num_sms(xq.device))
+    cfg = config or gemm_config(m, n, group is not None)
     block_k = 128 if group is None else group
+    if promote_every == "auto":
+        promote_every = promote_for(group, out_dtype)
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
     _fp8_gemm_kernel[grid](
         xq, xs, qweight, scale, out, bias if bias is not None else out, m, n, k,
@@ -181,12 +202,43 @@ def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, scale: t
 
 
 def fp8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, group: int | None,
-               bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """`fp8_ref.fp8_linear_ref` through the two kernels: x [..., K] -> [..., N] in x's dtype."""
+               bias: torch.Tensor | None = None, blocks: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """`fp8_ref.fp8_linear_ref` through the kernels: x [..., K] -> [..., N] in x's dtype. Beyond 16
+    bf16 rows on sm90+ cuBLASLt multiplies (`torch._scaled_mm`): per channel with row-wise scales,
+    grouped with 1x128 x 128x128 block scales where the layer has `blocks` ([N / 128, K / 128],
+    the weight's block scales: `block_scales`); else the Triton kernel."""
     shape = x.shape
     rows = x.reshape(-1, shape[-1])
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    xq, xs = fp8_quantize(rows, group)
-    out = fp8_gemm(xq, xs, qweight, scale, group, x.dtype, bias)
-    return out.reshape(*shape[:-1], qweight.shape[0])
+    (m, k), n = rows.shape, qweight.shape[0]
+    cublas = m > 16 and x.dtype == torch.bfloat16 and k % 128 == 0 and n % 128 == 0 and sm90_cublas(x.device)
+    if cublas and group is None:
+        xq, xs = fp8_quantize(rows)
+        out = torch._scaled_mm(xq, qweight.t(), scale_a=xs, scale_b=scale.t(), out_dtype=x.dtype)
+    elif cublas and group == 128 and blocks is not None:
+        xq, xs = fp8_quantize(rows, group, column_major=True)
+        out = torch._scaled_mm(xq, qweight.t(), scale_a=xs, scale_b=blocks.t(), out_dtype=x.dtype)
+    else:
+        xq, xs = fp8_quantize(rows, group)
+        return fp8_gemm(xq, xs, qweight, scale, group, x.dtype, bias).reshape(*shape[:-1], n)
+    if bias is not None:
+        out += bias
+    return out.reshape(*shape[:-1], n)
+
+
+def block_scales(scale: torch.Tensor, group: int | None) -> torch.Tensor | None:
+    """A grouped layer's per-row scales [N, K / 128] as the 128x128 block scales they repeat
+    ([N / 128, K / 128], contiguous), or None where they do not (rows of one block with different
+    scales: fused parts or shards not on 128-row boundaries, per-channel or other groups)."""
+    n = scale.shape[0]
+    if group != 128 or n % 128:
+        return None
+    blocks = scale[::128].contiguous()
+    return blocks if torch.equal(blocks.repeat_interleave(128, dim=0), scale) else None
+
+
+def sm90_cublas(device: torch.device) -> bool:
+    """cuBLASLt's float8 GEMM with row-wise or block scales and a bf16 output: torch's
+    `_scaled_mm` on sm90+ (not on Ada, nor under the interpreter)."""
+    return device.type == "cuda" and hasattr(torch, "_scaled_mm") and torch.cuda.get_device_capability(device) >= (9, 0)

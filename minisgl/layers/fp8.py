@@ -14,6 +14,8 @@ scale over the rows and then shards it as the layer shards its weight.
 
 from __future__ import annotations
 
+import functools
+
 from typing import Callable, Literal
 
 import torch
@@ -55,9 +57,9 @@ class Fp8LinearFn:
         self.nbytes = self.qweight.numel() + 4 * self.scale.numel()  # what a step reads (bench.roofline)
         self._fn: Callable[..., torch.Tensor] = fp8_linear_ref
         if impl == "triton":
-            from minisgl.kernels.fp8_gemm import fp8_linear  # the CPU path never imports triton
+            from minisgl.kernels.fp8_gemm import block_scales, fp8_linear  # the CPU path never imports triton
 
-            self._fn = fp8_linear
+            self._fn = functools.partial(fp8_linear, blocks=block_scales(self.scale, group))
 
     def with_impl(self, impl: Fp8Impl) -> Fp8LinearFn:
         return Fp8LinearFn(self.qweight, self.scale, self.group, impl)

@@ -88,3 +88,27 @@ def test_sm90_build_promotes_each_wgmma_partial_sum() -> None:
     assert wgmma == 128 // 32 and adds >= steps * 64, counts
     wgmma, adds = counts["True"]
     assert wgmma == 128 // 32 and adds >= (steps - 1) * 64, counts
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_column_major_scales_equal_row_major(device: str) -> None:
+    """cuBLAS's block-scaled GEMM reads the activation scales G-major: the same values."""
+    from minisgl.kernels.fp8_gemm import fp8_quantize
+
+    x = torch.randn(5, 384, device=device) * torch.logspace(-2, 2, 384, device=device)
+    q, scale = fp8_quantize(x, 128)
+    q_cm, scale_cm = fp8_quantize(x, 128, column_major=True)
+    assert scale_cm.stride() == (1, 5) and torch.equal(scale_cm, scale) and torch.equal(q_cm.view(torch.uint8), q.view(torch.uint8))
+
+
+def test_block_scales_are_found_only_where_rows_repeat_them() -> None:
+    from minisgl.kernels.fp8_gemm import block_scales
+
+    blocks = torch.rand(3, 4) + 0.1
+    rows = blocks.repeat_interleave(128, dim=0)  # a 384 x 512 weight's scales, one per row
+    assert torch.equal(block_scales(rows, 128), blocks)
+    fused = torch.cat([blocks[:1].repeat_interleave(64, dim=0), rows[64:]])  # a part boundary mid-block
+    fused[:64] *= 2
+    assert block_scales(fused, 128) is None
+    assert block_scales(rows[:200], 128) is None  # rows not a multiple of 128
+    assert block_scales(rows[:, :1], None) is None and block_scales(rows, 64) is None

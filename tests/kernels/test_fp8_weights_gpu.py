@@ -52,6 +52,37 @@ def test_compiled_gemm_equals_reference(group: int | None, rows: int, shape: tup
         torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol * expected.abs().max().item())
 
 
+@pytest.mark.parametrize("group", [None, 128])
+@pytest.mark.parametrize("rows", [1, 16, 17, 256, 1000])
+@pytest.mark.parametrize("shape", SHAPES_8B)
+def test_served_path_equals_reference(group: int | None, rows: int, shape: tuple[int, int]) -> None:
+    """`fp8_linear` on bf16 rows, as a served model calls it: beyond 16 rows cuBLAS
+    (`torch._scaled_mm`) with row-wise scales per channel and 128x128 block scales grouped (and
+    the Triton kernel with one promotion per 128-group where a layer's scales are not blocks),
+    16-row Triton tiles below; each within bf16 rounding of the float64 product of the same
+    float8 operands."""
+    from minisgl.kernels.fp8_gemm import block_scales, fp8_linear, fp8_quantize
+
+    n, k = shape
+    torch.manual_seed(rows + n)
+    w = torch.randn(n, k, device="cuda") * 0.02
+    if group is None:
+        qw, ws = quantize_fp8(w)
+    else:
+        qw, blocks = quantize_weight_blocks(w, (128, 128))
+        ws = blocks.repeat_interleave(128, dim=0)[:n].contiguous()
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    xq, xs = fp8_quantize(x, group)
+    expected = dequantize_fp8(xq, xs, group).double() @ dequantize_fp8(qw, ws, group).double().t() + bias.double()
+    found = block_scales(ws, group)
+    assert (found is None) == (group is None)
+    for blocks in [found, None] if found is not None else [None]:  # grouped: cuBLAS, then the Triton kernel
+        out = fp8_linear(x, qw, ws, group, bias, blocks=blocks)
+        assert out.dtype == torch.bfloat16 and out.shape == (rows, n)
+        torch.testing.assert_close(out.double(), expected, rtol=1e-2, atol=2e-3 * expected.abs().max().item())
+
+
 def test_fp8_checkpoint_on_cuda_follows_the_cpu_reference(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A tiny 128x128-block checkpoint (tests/fp8_builders.py) served on CUDA in fp32: every float8
     layer of the real forward (the Triton GEMM, on the activations that reach it) equals the torch
