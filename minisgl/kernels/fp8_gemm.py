@@ -206,7 +206,9 @@ def fp8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, grou
     """`fp8_ref.fp8_linear_ref` through the kernels: x [..., K] -> [..., N] in x's dtype. Beyond 16
     bf16 rows on sm90+ cuBLASLt multiplies (`torch._scaled_mm`): per channel with row-wise scales,
     grouped with 1x128 x 128x128 block scales where the layer has `blocks` ([N / 128, K / 128],
-    the weight's block scales: `block_scales`); else the Triton kernel."""
+    the weight's block scales: `block_scales`) and the rows are a multiple of 8 (the H200 test
+    passed at 256 and 1000 rows and failed at 17: decode graphs pad to such sizes, a prefill of
+    another size takes the Triton kernel); else the Triton kernel."""
     shape = x.shape
     rows = x.reshape(-1, shape[-1])
     if rows.stride(-1) != 1:
@@ -216,7 +218,7 @@ def fp8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, grou
     if cublas and group is None:
         xq, xs = fp8_quantize(rows)
         out = torch._scaled_mm(xq, qweight.t(), scale_a=xs, scale_b=scale.t(), out_dtype=x.dtype)
-    elif cublas and group == 128 and blocks is not None:
+    elif cublas and group == 128 and blocks is not None and m % 8 == 0:  # 17 rows: wrong sums on the H200
         xq, xs = fp8_quantize(rows, group, column_major=True)
         out = torch._scaled_mm(xq, qweight.t(), scale_a=xs, scale_b=blocks.t(), out_dtype=x.dtype)
     else:
