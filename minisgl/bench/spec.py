@@ -191,6 +191,8 @@ def _replay_ms(platform: Any, runner: Any, graph: Any, bs: int, context: int, re
     """One graph's milliseconds per replay (see `replay_device_ms`): `reps` back-to-back replays
     between two device synchronizations, so the device runs them without gaps."""
     runner.out_loc[:bs].fill_(runner.scratch_slot)
+    runner.slots32[:bs].fill_(runner.scratch_slot)  # the graph's table write: the scratch row's position 0
+    runner.positions[:bs].zero_()
     runner.rows[:bs].fill_(runner.scratch_row)
     runner.seq_lens[:bs].fill_(context)
     runner.backend.prepare_for_replay(runner._static_batch(bs, [context] * bs))
