@@ -290,23 +290,13 @@ class GraphRunner:
         bs = len(rows)
         if not self.sizes or bs > self.max_bs:
             return None
-        width, pad = self.width, self.width - bs
-        zeros = self._zeros
-        flat = array("q", input_ids)
-        flat.extend(zeros[:pad])
-        flat.extend(positions)
-        flat.extend(zeros[:pad])
-        flat.extend(out_loc)
-        flat.extend(self._scratch_slots[:pad])
-        flat.extend(rows)
-        flat.extend(self._scratch_rows[:pad])
-        flat.extend(src)
-        flat.extend(zeros[: width - len(src)])
-        tail = array("i", seq_lens)
-        tail.extend(zeros[:pad])
-        tail.extend(out_loc)
-        tail.extend(self._scratch_slots[:pad])
-        flat.frombytes(tail.tobytes())
+        pad = self.width - bs
+        zeros, no_slot = self._zeros, self._scratch_slots[:pad]
+        no_token = zeros[:pad]
+        # The buffer's rows as one list, then one array each for the int64 rows and the int32 tail.
+        flat = array("q", [*input_ids, *no_token, *positions, *no_token, *out_loc, *no_slot, *rows,
+                           *self._scratch_rows[:pad], *src, *zeros[len(src) :]])  # fmt: skip
+        flat.frombytes(array("i", [*seq_lens, *no_token, *out_loc, *no_slot]).tobytes())
         self._turn = turn = self._turn ^ 1
         self._host_views[turn][:] = flat
         self.packed.copy_(self._host[turn], non_blocking=True)
