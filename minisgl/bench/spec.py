@@ -239,6 +239,14 @@ def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _set_mode(sched: Any, speculative: bool, on: bool) -> None:
+    """Deferred outputs on or off (a speculating engine), or overlap scheduling (a plain one)."""
+    if speculative:
+        sched.defer_outputs = on
+    else:
+        sched.overlap = on
+
+
 def _engine_costs(args: argparse.Namespace, speculative: bool) -> dict[str, Any]:
     """One engine's runs of `run_verify_cost`: decode and decode_sync, or verify and verify_sync."""
     k = args.num_speculative_tokens
@@ -251,8 +259,7 @@ def _engine_costs(args: argparse.Namespace, speculative: bool) -> dict[str, Any]
     sched = llm.scheduler
     # The second mode of this engine: each step waited for before the next is planned (decode),
     # or each step's outputs returned before the next launch (verify; none where the first was that).
-    attr = "defer_outputs" if speculative else "overlap"
-    first = getattr(sched, attr)
+    first = sched.defer_outputs if speculative else sched.overlap
     modes = {names[0]: first, names[1]: False} if first or not speculative else {names[0]: first}
     # `<run>_step_ms`: the median of passes alternating the modes (run order and drift cancel).
     passes: dict[str, list[float]] = {name: [] for name in modes}
@@ -261,10 +268,10 @@ def _engine_costs(args: argparse.Namespace, speculative: bool) -> dict[str, Any]
     llm.generate([prompt], params, use_tqdm=False)  # warm-up at these lengths
     for _ in range(args.passes):
         for name, value in modes.items():
-            setattr(sched, attr, value)
+            _set_mode(sched, speculative, value)
             passes[name].append(step_ms(llm, prompt, params))
     for name, value in modes.items():
-        setattr(sched, attr, value)
+        _set_mode(sched, speculative, value)
         if speculative:
             llm.scheduler.spec.proposer = FixedProposer()
         llm.generate([prompt], params, use_tqdm=False)  # warm-up at these lengths
