@@ -30,9 +30,7 @@ import multiprocessing
 import pstats
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 from minisgl.core import Req, SamplingParams
@@ -118,14 +116,27 @@ _PHASES = {
 }
 
 
-def host_phases(run: Callable[[], object]) -> dict[str, Any]:
-    """Host milliseconds per step of each phase of the steps `run` takes, measured with cProfile
-    (its own cost inflates every phase, so read them against each other): `launch_rest` is the
-    launch less build, forward and sample; `complete` excludes the wait; `other` is the rest."""
+def host_phases(llm: Any, prompt: list[int], params: SamplingParams) -> dict[str, Any]:
+    """Host milliseconds per step of each phase of the steady-state steps of one request (the
+    steps `step_ms` times: the prefill's eager forward and build left out, which a pass of ~50
+    verify steps would otherwise spread over each at 5x the share of ~250 decode steps), measured
+    with cProfile (its own cost inflates every phase, so read them against each other):
+    `launch_rest` is the launch less build, forward and sample; `complete` excludes the wait;
+    `other` is the rest."""
     profile = cProfile.Profile()
-    start = time.perf_counter()
-    profile.runcall(run)
-    wall = time.perf_counter() - start
+    sched = llm.scheduler
+    sched.add_request(1 << 40, prompt, params)
+    wall, count = 0.0, 0
+    while sched.has_work():
+        count += 1
+        steady = 3 < count <= params.max_tokens // 8  # well inside [3:-6] whether a step commits 1 or K + 1
+        start = time.perf_counter()
+        if steady:
+            profile.runcall(sched.step)
+            wall += time.perf_counter() - start
+        else:
+            sched.step()
+    llm.engine.platform.synchronize()
     table = pstats.Stats(profile).stats  # type: ignore[attr-defined]
     seconds = dict.fromkeys(_PHASES, 0.0)
     steps = 0
@@ -191,6 +202,8 @@ def _replay_ms(platform: Any, runner: Any, graph: Any, bs: int, context: int, re
     """One graph's milliseconds per replay (see `replay_device_ms`): `reps` back-to-back replays
     between two device synchronizations, so the device runs them without gaps."""
     runner.out_loc[:bs].fill_(runner.scratch_slot)
+    runner.slots32[:bs].fill_(runner.scratch_slot)  # the graph's table write: the scratch row's position 0
+    runner.positions[:bs].zero_()
     runner.rows[:bs].fill_(runner.scratch_row)
     runner.seq_lens[:bs].fill_(context)
     runner.backend.prepare_for_replay(runner._static_batch(bs, [context] * bs))
@@ -226,6 +239,14 @@ def run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _set_mode(sched: Any, speculative: bool, on: bool) -> None:
+    """Deferred outputs on or off (a speculating engine), or overlap scheduling (a plain one)."""
+    if speculative:
+        sched.defer_outputs = on
+    else:
+        sched.overlap = on
+
+
 def _engine_costs(args: argparse.Namespace, speculative: bool) -> dict[str, Any]:
     """One engine's runs of `run_verify_cost`: decode and decode_sync, or verify and verify_sync."""
     k = args.num_speculative_tokens
@@ -235,13 +256,22 @@ def _engine_costs(args: argparse.Namespace, speculative: bool) -> dict[str, Any]
     out: dict[str, Any] = {}
     llm = _llm(args, speculative)
     names = ("verify", "verify_sync") if speculative else ("decode", "decode_sync")
-    for name in names:
-        if name == "decode_sync":  # the same engine, each step waited for before the next is planned
-            llm.scheduler.overlap = False
-        elif name == "verify_sync":  # the same engine, each step's outputs returned before the next launch
-            if not llm.scheduler.defer_outputs:
-                continue  # the verify run was that already
-            llm.scheduler.defer_outputs = False
+    sched = llm.scheduler
+    # The second mode of this engine: each step waited for before the next is planned (decode),
+    # or each step's outputs returned before the next launch (verify; none where the first was that).
+    first = sched.defer_outputs if speculative else sched.overlap
+    modes = {names[0]: first, names[1]: False} if first or not speculative else {names[0]: first}
+    # `<run>_step_ms`: the median of passes alternating the modes (run order and drift cancel).
+    passes: dict[str, list[float]] = {name: [] for name in modes}
+    if speculative:
+        sched.spec.proposer = FixedProposer()
+    llm.generate([prompt], params, use_tqdm=False)  # warm-up at these lengths
+    for _ in range(args.passes):
+        for name, value in modes.items():
+            _set_mode(sched, speculative, value)
+            passes[name].append(step_ms(llm, prompt, params))
+    for name, value in modes.items():
+        _set_mode(sched, speculative, value)
         if speculative:
             llm.scheduler.spec.proposer = FixedProposer()
         llm.generate([prompt], params, use_tqdm=False)  # warm-up at these lengths
@@ -261,9 +291,10 @@ def _engine_costs(args: argparse.Namespace, speculative: bool) -> dict[str, Any]
         sched = llm.scheduler
         detail = {"overlap": sched.overlap, "deferred_outputs": sched.defer_outputs,
                   **_graph_record(llm, before), **_spec_record(llm)}  # fmt: skip
-        out[f"{name}_step_ms"] = step_ms(llm, prompt, params)
+        out[f"{name}_step_ms"] = round(statistics.median(passes[name]), 3)
+        detail["step_ms_passes"] = passes[name]
         # Again under cProfile, for the host time per phase.
-        detail["host_phases"] = host_phases(partial(llm.generate, [prompt], params, use_tqdm=False))
+        detail["host_phases"] = host_phases(llm, prompt, params)
         if name in ("decode_sync", "verify"):  # once per engine
             try:  # a diagnostic: its failure must not lose the timings
                 device = replay_device_ms(llm, args.prompt_len + steps // 2)
@@ -286,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1, help="passes over the workload (default: 1)")
     p.add_argument("--verify-cost", action="store_true", help="time a verify step against a decode step instead")
     p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens of --verify-cost (default: 128)")
+    p.add_argument("--passes", type=int, default=3,
+                   help="--verify-cost: timed passes per mode, the two modes of an engine alternating (default: 3)")
     return p
 
 

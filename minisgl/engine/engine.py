@@ -414,7 +414,7 @@ class Engine:
                 pooled = PooledRows(built.pooled, hidden.float().to("cpu", non_blocking=True), self.pooler.normalize)
         else:
             assert not built.pooled, "embedding requests reach an engine serving embeddings only"
-            logits = self.forward_logits(built.batch)
+            logits = self.runner.run(built.batch)  # (forward_logits without its second inference_mode entry)
         logits = logits[: built.num_logits]
         num_sampled = len(sampled)
         prompt_lp = None

@@ -6,12 +6,14 @@ their KV to the pool's scratch slot) and replayed. Anything else runs eagerly. T
 kernels read the runner's static input buffers, the attention metadata included.
 
 A decode step's inputs reach those buffers in one host-to-device copy (`stage_decode`: the
-engine hands its host lists, the runner packs them, padding included, as its buffers lie, and
-writes the token table from them), so the host work between a step's tokens and the next replay
-is a few calls: the copy, the table write, the backend's replay hook, the replay. That is the
-critical path of a speculative verify step, which cannot be planned before the step before it
-completes (docs/speculative.md). A batch built apart (LongRoPE rows, a partial gather of
-in-flight tokens) is copied in as before (`run`: the int64 inputs as one block, the lengths).
+engine hands its host lists, the runner packs them, padding included, as its buffers lie, into a
+fixed host buffer), and each graph writes the token-table entries of its entries itself (its
+first node: rows, positions -> int32 slots, from the static buffers), so the host work between
+a step's tokens and the next replay is the copy, the backend's replay hook and the replay. That
+is the critical path of a speculative verify step, which cannot be planned before the step before
+it completes (docs/speculative.md). A batch built apart (LongRoPE rows, a partial gather of
+in-flight tokens) is copied in as before (`run`: the int64 inputs as one block, the lengths, the
+int32 slots, padding entries set to the scratch row and slot).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from torch import nn
 from minisgl.attention.base import BaseAttnBackend
 from minisgl.attention.batch import ForwardBatch, forward_context
 from minisgl.utils.logging import get_logger
-from minisgl.utils.transfer import StagingRing
 
 logger = get_logger(__name__)
 
@@ -213,9 +214,12 @@ class GraphRunner:
         self.out_loc.fill_(scratch_slot)
         self.rows.fill_(scratch_row)
         self.slots32.fill_(scratch_slot)
-        # Host side of `stage_decode` (pinned on CUDA; two: step N+1 is staged while N's copy may
-        # be in flight) and the padding it writes past a batch: no token, scratch slot and row.
-        self._staging = StagingRing(pin_memory)
+        # Host side of `stage_decode`: two buffers the size of `packed` (pinned on CUDA; two: step
+        # N+1 is staged while N's copy may be in flight), each written through a memoryview (no
+        # tensor made per step), and the padding it writes past a batch: no token, scratch slot and row.
+        self._host = [torch.zeros(6 * width, dtype=torch.int64, pin_memory=pin_memory) for _ in range(2)]
+        self._host_views = [memoryview(host.numpy()).cast("B").cast("q") for host in self._host]
+        self._turn = 0
         self._zeros = [0] * width
         self._scratch_slots = [scratch_slot] * width
         self._scratch_rows = [scratch_row] * width
@@ -251,11 +255,18 @@ class GraphRunner:
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
+        table = self.token_table
         for bs in reversed(self.sizes):  # largest first so smaller graphs reuse its memory pool
             batch = self._static_batch(bs)
             self.backend.prepare_for_capture(batch)
+            entries, slots = (self.rows[:bs], self.positions[:bs]), self.slots32[:bs]
 
-            def forward(batch: ForwardBatch = batch) -> torch.Tensor:
+            def forward(
+                batch: ForwardBatch = batch, entries: tuple[torch.Tensor, ...] = entries, slots: torch.Tensor = slots
+            ) -> torch.Tensor:
+                # The token-table entries of this step's tokens (padding entries: the scratch row's
+                # position 0, its scratch slot), in the graph: one launch less per step.
+                table.index_put_(entries, slots)
                 with forward_context(batch):
                     hidden = self.model(batch.input_ids, batch.positions)
                 return self.model.compute_logits(hidden)
@@ -272,36 +283,26 @@ class GraphRunner:
         seq_lens: list[int], prev_tokens: torch.Tensor | None = None, src: Sequence[int] = (),
     ) -> ForwardBatch | None:  # fmt: skip
         """Put a decode batch (one entry per token; host lists) in the static buffers with one
-        copy and write its token-table entries; the batch returned replays without further
-        copies (`run`). `src`: where every input token is one the step in flight samples, its
+        copy (the graph writes its token-table entries); the batch returned replays without
+        further copies (`run`). `src`: where every input token is one the step in flight samples, its
         index in `prev_tokens` (gathered on the device). None: no captured size holds the batch
         (the engine builds it to run eagerly)."""
         bs = len(rows)
         if not self.sizes or bs > self.max_bs:
             return None
-        width, pad = self.width, self.width - bs
-        zeros = self._zeros
-        flat = array("q", input_ids)
-        flat.extend(zeros[:pad])
-        flat.extend(positions)
-        flat.extend(zeros[:pad])
-        flat.extend(out_loc)
-        flat.extend(self._scratch_slots[:pad])
-        flat.extend(rows)
-        flat.extend(self._scratch_rows[:pad])
-        flat.extend(src)
-        flat.extend(zeros[: width - len(src)])
-        tail = array("i", seq_lens)
-        tail.extend(zeros[:pad])
-        tail.extend(out_loc)
-        tail.extend(self._scratch_slots[:pad])
-        flat.frombytes(tail.tobytes())
-        self.packed.copy_(self._staging.stage(flat), non_blocking=True)
+        pad = self.width - bs
+        zeros, no_slot = self._zeros, self._scratch_slots[:pad]
+        no_token = zeros[:pad]
+        # The buffer's rows as one list, then one array each for the int64 rows and the int32 tail.
+        flat = array("q", [*input_ids, *no_token, *positions, *no_token, *out_loc, *no_slot, *rows,
+                           *self._scratch_rows[:pad], *src, *zeros[len(src) :]])  # fmt: skip
+        flat.frombytes(array("i", [*seq_lens, *no_token, *out_loc, *no_slot]).tobytes())
+        self._turn = turn = self._turn ^ 1
+        self._host_views[turn][:] = flat
+        self.packed.copy_(self._host[turn], non_blocking=True)
         if src:
             assert prev_tokens is not None and len(src) == bs
             torch.index_select(prev_tokens, 0, self.gather_src[:bs], out=self.input_ids[:bs])
-        # Padding entries write the scratch row's position 0, which holds the scratch slot already.
-        self.token_table.index_put_((self.rows, self.positions), self.slots32)
         batch = self._staged = self._view(bs, seq_lens)
         return batch
 
@@ -335,10 +336,15 @@ class GraphRunner:
                 self.out_loc[:bs].copy_(batch.out_loc)
                 self.rows[:bs].copy_(batch.rows)
             self.seq_lens[:bs].copy_(batch.seq_lens)
+            self.slots32[:bs].copy_(batch.out_loc)  # the graph writes the table entries (again) from them
             if padded > bs:
-                # Padding entries attend to nothing (seq_len 0) and write their KV to the scratch
-                # slot; their token, position and row are left from earlier steps (valid, unused).
+                # Padding entries attend to nothing (seq_len 0), write their KV to the scratch slot
+                # and their table entry to the scratch row's position 0 (a row left from an earlier
+                # step may belong to a live request now); their token is left (valid, unused).
                 self.out_loc[bs:padded].fill_(self.scratch_slot)
+                self.slots32[bs:padded].fill_(self.scratch_slot)
+                self.rows[bs:padded].fill_(self.scratch_row)
+                self.positions[bs:padded].zero_()
                 self.seq_lens[bs:padded].zero_()
         lens = batch.seq_lens_cpu if padded == bs else batch.seq_lens_cpu + [0] * (padded - bs)
         self.backend.prepare_for_replay(self._view(padded, lens))
