@@ -7,6 +7,8 @@ load average (the machine may be shared).
 
     PYTHONPATH=$PWD python tools/cpu_extend_bench.py [--isa avx2] [--dtype float32] [--reps 5]
 
+`--dtype float16`: fp16 pages under fp32 activations (the default GGUF server's KV cache).
+
 Findings: docs/performance.md, "C++ prefill attention on CPU (fifteenth session, h-cpuext)".
 """
 
@@ -33,7 +35,8 @@ HQ, HKV, D, PAGE = 9, 3, 64, 16
 def make_batch(requests: list[tuple[int, int]], dtype: torch.dtype) -> tuple[KVPool, ForwardBatch]:
     """A pool holding every request's prefix and new tokens on shuffled pages, and the extend batch."""
     pages_per = [-(-(p + e) // PAGE) for p, e in requests]
-    pool = KVPool(1, sum(pages_per) + 8, PAGE, HKV, D, dtype, torch.device("cpu"))
+    compute = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+    pool = KVPool(1, sum(pages_per) + 8, PAGE, HKV, D, dtype, torch.device("cpu"), compute)
     pool.k[0].copy_(torch.randn(pool.k[0].shape))
     pool.v[0].copy_(torch.randn(pool.v[0].shape))
     pages = torch.randperm(pool.num_pages)
@@ -104,7 +107,7 @@ def run(name: str, requests: list[tuple[int, int]], dtype: torch.dtype, reps: in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--isa", default="auto", choices=list(get_args(CpuIsa)), help="as --cpu-isa")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="the pages'")
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)

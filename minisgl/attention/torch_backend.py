@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from minisgl.attention.base import AttnLayerSpec, BaseAttnBackend
 from minisgl.attention.batch import ForwardBatch
 from minisgl.kernels import cpu_attention, cpu_extend
+from minisgl.kernels.cpp_ext import CpuKernels
 from minisgl.kvcache.pool import KVPool
 
 _PLAIN = AttnLayerSpec()
@@ -119,9 +120,12 @@ class TorchAttnBackend(BaseAttnBackend):
         # (cpu_kernels_fp32: GGUF weights kept quantized), over fp32, bf16 or fp16 pages; a float
         # fp32 model keeps the per-request SDPA path (the exact-parity mode). Pages narrower than
         # q (fp16 under fp32: kvcache/pool.py) are read into q's dtype on both paths.
-        self.cpu_kernel = False
+        # The library handle is held and called directly: the module wrappers look it up (and
+        # check the kernel config) on each call, twice per layer per step.
+        self.cpu_lib: CpuKernels | None = None
         if pool.k[0].device.type == "cpu" and cpu_attention.takes(pool.dtype, pool.compute_dtype):
-            self.cpu_kernel = cpu_attention.load() is not None
+            self.cpu_lib = cpu_attention.load()
+        self.cpu_kernel = self.cpu_lib is not None
         self.cpu_extend = self.cpu_kernel and cpu_extend.supports(head_dim)  # prefill: kernels/cpu_extend.py
 
     def configure_layer(self, layer_id: int, spec: AttnLayerSpec) -> None:
@@ -161,7 +165,8 @@ class TorchAttnBackend(BaseAttnBackend):
         if meta.kernel is not None and spec.is_plain:
             rows, seq_lens = meta.kernel
             q = q.view(-1, self.num_heads, self.head_dim)
-            return cpu_attention.decode_attention(q, k_cache, v_cache, batch.token_table, rows, seq_lens, self.sm_scale)
+            assert self.cpu_lib is not None
+            return self.cpu_lib.decode_attention(q, k_cache, v_cache, batch.token_table, rows, seq_lens, self.sm_scale)
         if self.cpu_extend and spec.is_plain and meta.slots is None:
             return self._extend_kernel(q, k_cache, v_cache, batch)
         # A float8 pool: pages are read in q's dtype unscaled; k's scale joins the softmax scale and
@@ -184,7 +189,8 @@ class TorchAttnBackend(BaseAttnBackend):
     ) -> torch.Tensor:
         """A plain layer's extend in one C++ call, K/V read from the pool in place (kernels/cpu_extend.py)."""
         qh = q.view(-1, self.num_heads, self.head_dim)
-        return cpu_extend.extend_attention(
+        assert self.cpu_lib is not None
+        return self.cpu_lib.extend_attention(
             qh, k_cache, v_cache, batch.token_table, batch.rows, batch.seq_lens, batch.extend_lens, self.sm_scale
         ).view(q.shape)
 

@@ -12,7 +12,7 @@ import torch
 
 from minisgl.env import ENV
 from minisgl.platform.base import BasePlatform
-from minisgl.utils.memory import trim_heap
+from minisgl.utils.memory import pin_mmap_threshold, trim_heap
 
 
 _OPENMP_LIBS = ("libgomp", "libomp", "libiomp")
@@ -43,6 +43,21 @@ def _openmp_runtime() -> ctypes.CDLL | None:
         if follows:
             return lib
     return None
+
+
+# Allocations of at least this many bytes get their own mmap in the CPU scheduler process
+# (`pin_scheduler_malloc`).
+SCHEDULER_MMAP_THRESHOLD = 1 << 20  # 4 MiB: still grew 129 MiB (docs)
+
+
+def pin_scheduler_malloc() -> bool:
+    """The scheduler process's malloc at start-up, on CPU: the mmap threshold pinned at
+    SCHEDULER_MMAP_THRESHOLD (utils/memory.pin_mmap_threshold), so the large temporaries of a
+    forward (activations, logits) are mapped and unmapped rather than left in a heap that grows
+    while requests decode (the dynamic threshold's heap: tests/e2e/test_hostile.py's 10 unread
+    streams grew the scheduler by ~75-125 MiB). docs/performance.md, "The scheduler's malloc
+    (seventeenth session)", has the A/B the value comes from. False where there is no glibc."""
+    return pin_mmap_threshold(SCHEDULER_MMAP_THRESHOLD)
 
 
 class _NoopEvent:

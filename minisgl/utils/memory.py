@@ -27,3 +27,29 @@ def trim_heap() -> bool:
         return False
     trim(0)
     return True
+
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter numbers (malloc.h)
+
+
+@cache
+def _mallopt() -> Callable[[int, int], int] | None:
+    """glibc's mallopt, or None (another C library)."""
+    name = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(name), "mallopt", None) if name else None
+    except OSError:
+        return None
+
+
+def pin_mmap_threshold(threshold: int) -> bool:
+    """Serve allocations of at least `threshold` bytes by mmap from now on, in this process; False
+    where there is no glibc. glibc's threshold is dynamic: once a large mmapped block is freed (a
+    prefill's activation, the logits) it rises to that block's size (up to 32 MiB), so later blocks
+    that size come from the heap, which fragments and keeps them (the CPU scheduler's heap grew
+    ~90 MiB while 10 streams decoded; trim_heap returns it only at idle). Setting it turns the
+    dynamic adjustment off (and the trim threshold stays at twice the threshold)."""
+    mallopt = _mallopt()
+    if mallopt is None:
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, threshold))

@@ -193,12 +193,14 @@ def test_backend_routes_plain_extend_layers_to_the_kernel() -> None:
         backend.configure_layer(1, AttnLayerSpec(sliding_window=8))
         backend.prepare(batch)
         calls = []
-        original = cpu_extend.extend_attention
-        cpu_extend.extend_attention = lambda *a, **kw: calls.append(1) or original(*a, **kw)  # type: ignore[assignment]
+        lib = backend.cpu_lib  # the handle the backend calls (the shared library object)
+        assert lib is not None
+        original = lib.extend_attention
+        lib.extend_attention = lambda *a, **kw: calls.append(1) or original(*a, **kw)  # type: ignore[method-assign]
         try:
             outs[use_kernel] = [backend.forward(q, k, v, layer, batch).clone() for layer in range(2)]
         finally:
-            cpu_extend.extend_attention = original  # type: ignore[assignment]
+            del lib.extend_attention  # the class's method again
         assert len(calls) == (1 if use_kernel else 0)  # layer 0 only: the windowed layer keeps torch
         batch.attn_meta = None
     torch.testing.assert_close(outs[True][0].float(), outs[False][0].float(), atol=3e-2, rtol=2e-2)

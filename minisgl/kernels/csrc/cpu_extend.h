@@ -11,17 +11,7 @@
 // one vector of rows per FMA: each key element broadcast once feeds every row of the group. The
 // running max, sum and the rescale factors are vectors over rows too; p.v accumulates into o
 // [RP][D] in register tiles of rows x D. K/V rows are read in place when fp32 and converted into
-// the task's scratch when bf16 / fp16 (exact conversions).
-
-// An fp16 value's float (exact: normals by re-biasing the exponent, subnormals as integer * 2^-24).
-static inline float ext_h2f(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, em = h & 0x7fffu;
-  float f;
-  if (em < 0x400u) f = static_cast<float>(em) * 5.9604644775390625e-8f;
-  else if (em >= 0x7c00u) f = bits_f((em << 13) | 0x7f800000u);
-  else f = bits_f((em << 13) + (112u << 23));
-  return bits_f(f_bits(f) | sign);
-}
+// the task's scratch when bf16 / fp16 (exact conversions, a vector at a time).
 
 // A page row of D elements as fp32: in place, or converted into `buf`. D % VL == 0.
 template <int KV>
@@ -43,7 +33,9 @@ template <>
 struct ExtPage<DT_F16> {
   using T = uint16_t;
   static inline const float* row(const uint16_t* p, float* buf, int64_t D) {
-    for (int64_t d = 0; d < D; ++d) buf[d] = ext_h2f(p[d]);
+    // V's fp16 load (exact: F16C's vcvtph2ps on AVX2 and AVX-512, per lane on the portable path).
+    const Half* h = reinterpret_cast<const Half*>(p);
+    for (int64_t d = 0; d < D; d += VL) V::store(buf + d, V::load(h + d));
     return buf;
   }
 };
