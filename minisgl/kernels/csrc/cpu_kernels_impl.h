@@ -409,12 +409,32 @@ static void attention_task_t(const AttnArgs& a, int64_t task, float* scratch) {
     inv[g] = total > 0.f ? 1.f / total : 0.f;  // L == 0: an all-zero output
     if (total != total) inv[g] = total;
   }
+#ifdef MINISGL_CPU_PV_IN_MEMORY  // the portable path: its lanes are arrays, so the tiles only spill
+  for (int64_t i = 0; i < G * D; ++i) acc[i] = 0.f;
+  for (int64_t l = 0; l < L; ++l) {
+    const KT* vr = vp + static_cast<int64_t>(slots[l]) * a.kv_ss + h * a.kv_sh;
+    if (l + PREFETCH < L) prefetch_row(vp + static_cast<int64_t>(slots[l + PREFETCH]) * a.kv_ss + h * a.kv_sh, row_bytes);
+    int64_t d = 0;
+    for (; d + VL <= D; d += VL) {
+      const F vv = V::load(vr + d);
+      for (int64_t g = 0; g < G; ++g) {
+        float* ag = acc + g * D + d;
+        V::store(ag, V::fma(V::set1(scores[g * Lp + l]), vv, V::load(ag)));
+      }
+    }
+    for (; d < D; ++d) {
+      const float vd = ld1(vr + d);
+      for (int64_t g = 0; g < G; ++g) acc[g * D + d] += scores[g * Lp + l] * vd;
+    }
+  }
+#else
   for (int64_t g0 = 0; g0 < G; g0 += 3) {  // p.v in register tiles of up to 3 rows x PV_NV vectors
     const int64_t ng = G - g0 < 3 ? G - g0 : 3;
     if (ng == 3) pv_rows<3, KT>(vp, slots, L, a.kv_ss, h * a.kv_sh, scores + g0 * Lp, Lp, acc + g0 * D, D);
     else if (ng == 2) pv_rows<2, KT>(vp, slots, L, a.kv_ss, h * a.kv_sh, scores + g0 * Lp, Lp, acc + g0 * D, D);
     else pv_rows<1, KT>(vp, slots, L, a.kv_ss, h * a.kv_sh, scores + g0 * Lp, Lp, acc + g0 * D, D);
   }
+#endif
   for (int64_t g = 0; g < G; ++g) {
     T* orow = static_cast<T*>(a.out) + b * a.o_sb + (h * G + g) * a.o_sh;
     const F iv = V::set1(inv[g]);
