@@ -314,6 +314,50 @@ static inline void group_dots(const KT* k, const float* q, int64_t D, float* out
   }
 }
 
+// p.v for NG query rows (probabilities p + g * Lp) into out + g * D: d in slices of PV_NV vectors
+// whose NG x PV_NV sums stay in registers over all L values (each row's slice re-read per pass, from
+// cache), not loaded and stored per value. Each sum is still one fma chain over l = 0 .. L - 1 from
+// zero, so the output is bit-identical to accumulating in memory.
+constexpr int PV_NV = VL >= 16 ? 4 : 2;
+template <int NG, int NVV, typename KT>
+static inline void pv_slice(const KT* vp, const int32_t* slots, int64_t L, int64_t ss, int64_t off,
+                            const float* p, int64_t Lp, float* out, int64_t D) {
+  F r[NG][NVV];
+  for (int g = 0; g < NG; ++g)
+    for (int v = 0; v < NVV; ++v) r[g][v] = V::zero();
+  const int64_t bytes = NVV * VL * static_cast<int64_t>(sizeof(KT));
+  for (int64_t l = 0; l < L; ++l) {
+    const KT* vr = vp + static_cast<int64_t>(slots[l]) * ss + off;
+    if (l + PREFETCH < L) prefetch_row(vp + static_cast<int64_t>(slots[l + PREFETCH]) * ss + off, bytes);
+    F vv[NVV];
+    for (int v = 0; v < NVV; ++v) vv[v] = V::load(vr + v * VL);
+    for (int g = 0; g < NG; ++g) {
+      const F s = V::set1(p[g * Lp + l]);
+      for (int v = 0; v < NVV; ++v) r[g][v] = V::fma(s, vv[v], r[g][v]);
+    }
+  }
+  for (int g = 0; g < NG; ++g)
+    for (int v = 0; v < NVV; ++v) V::store(out + g * D + v * VL, r[g][v]);
+}
+
+template <int NG, typename KT>
+static void pv_rows(const KT* vp, const int32_t* slots, int64_t L, int64_t ss, int64_t off, const float* p,
+                    int64_t Lp, float* out, int64_t D) {
+  int64_t d = 0;
+  for (; d + PV_NV * VL <= D; d += PV_NV * VL) pv_slice<NG, PV_NV, KT>(vp, slots, L, ss, off + d, p, Lp, out + d, D);
+  for (; d + VL <= D; d += VL) pv_slice<NG, 1, KT>(vp, slots, L, ss, off + d, p, Lp, out + d, D);
+  if (d == D) return;
+  for (int64_t g = 0; g < NG; ++g)
+    for (int64_t e = d; e < D; ++e) out[g * D + e] = 0.f;
+  for (int64_t l = 0; l < L; ++l) {
+    const KT* vr = vp + static_cast<int64_t>(slots[l]) * ss + off;
+    for (int64_t e = d; e < D; ++e) {
+      const float vd = ld1(vr + e);
+      for (int64_t g = 0; g < NG; ++g) out[g * D + e] += p[g * Lp + l] * vd;
+    }
+  }
+}
+
 // One (request, KV head): the group's G query rows (scaled, fp32) against the request's keys,
 // a two-pass softmax in fp32 (NaN scores propagate), then p.v accumulated in fp32. T: q's and
 // out's element type; KT: the pages'.
@@ -365,6 +409,7 @@ static void attention_task_t(const AttnArgs& a, int64_t task, float* scratch) {
     inv[g] = total > 0.f ? 1.f / total : 0.f;  // L == 0: an all-zero output
     if (total != total) inv[g] = total;
   }
+#ifdef MINISGL_CPU_PV_IN_MEMORY  // the portable path: its lanes are arrays, so the tiles only spill
   for (int64_t i = 0; i < G * D; ++i) acc[i] = 0.f;
   for (int64_t l = 0; l < L; ++l) {
     const KT* vr = vp + static_cast<int64_t>(slots[l]) * a.kv_ss + h * a.kv_sh;
@@ -382,6 +427,14 @@ static void attention_task_t(const AttnArgs& a, int64_t task, float* scratch) {
       for (int64_t g = 0; g < G; ++g) acc[g * D + d] += scores[g * Lp + l] * vd;
     }
   }
+#else
+  for (int64_t g0 = 0; g0 < G; g0 += 3) {  // p.v in register tiles of up to 3 rows x PV_NV vectors
+    const int64_t ng = G - g0 < 3 ? G - g0 : 3;
+    if (ng == 3) pv_rows<3, KT>(vp, slots, L, a.kv_ss, h * a.kv_sh, scores + g0 * Lp, Lp, acc + g0 * D, D);
+    else if (ng == 2) pv_rows<2, KT>(vp, slots, L, a.kv_ss, h * a.kv_sh, scores + g0 * Lp, Lp, acc + g0 * D, D);
+    else pv_rows<1, KT>(vp, slots, L, a.kv_ss, h * a.kv_sh, scores + g0 * Lp, Lp, acc + g0 * D, D);
+  }
+#endif
   for (int64_t g = 0; g < G; ++g) {
     T* orow = static_cast<T*>(a.out) + b * a.o_sb + (h * G + g) * a.o_sh;
     const F iv = V::set1(inv[g]);

@@ -62,7 +62,9 @@ struct V {
   static inline F exp(F a);  // the scalar exp1 per lane (defined after the kernels' helpers)
 };
 
+#define MINISGL_CPU_PV_IN_MEMORY 1  // cpu_kernels_impl.h: p.v summed in memory (1.8x faster here)
 #include "cpu_kernels_impl.h"
+#undef MINISGL_CPU_PV_IN_MEMORY
 
 inline V::F V::exp(F a) { for (int l = 0; l < 8; ++l) a.v[l] = exp1(a.v[l]); return a; }
 
