@@ -16,6 +16,15 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 SHAPES_8B = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)]
 
 
+def _weight(n: int, k: int, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random float8 weight [n, k] and its scales: per channel, or 128x128 blocks held per row."""
+    w = torch.randn(n, k, device="cuda") * 0.02
+    if group is None:
+        return quantize_fp8(w)
+    qw, blocks = quantize_weight_blocks(w, (128, 128))
+    return qw, blocks.repeat_interleave(128, dim=0)[:n].contiguous()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("group", [None, 128])
 def test_compiled_quantize_equals_reference(dtype: torch.dtype, group: int | None) -> None:
@@ -38,12 +47,7 @@ def test_compiled_gemm_equals_reference(group: int | None, rows: int, shape: tup
 
     n, k = shape
     torch.manual_seed(rows)
-    w = torch.randn(n, k, device="cuda") * 0.02
-    if group is None:
-        qw, ws = quantize_fp8(w)
-    else:
-        qw, blocks = quantize_weight_blocks(w, (128, 128))
-        ws = blocks.repeat_interleave(128, dim=0)[:n].contiguous()
+    qw, ws = _weight(n, k, group)
     x = torch.randn(rows, k, device="cuda")
     xq, xs = quantize_fp8(x, group)
     expected = dequantize_fp8(xq, xs, group).double() @ dequantize_fp8(qw, ws, group).double().t()
@@ -65,12 +69,7 @@ def test_served_path_equals_reference(group: int | None, rows: int, shape: tuple
 
     n, k = shape
     torch.manual_seed(rows + n)
-    w = torch.randn(n, k, device="cuda") * 0.02
-    if group is None:
-        qw, ws = quantize_fp8(w)
-    else:
-        qw, blocks = quantize_weight_blocks(w, (128, 128))
-        ws = blocks.repeat_interleave(128, dim=0)[:n].contiguous()
+    qw, ws = _weight(n, k, group)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     xq, xs = fp8_quantize(x, group)
