@@ -272,11 +272,9 @@ def _engine_costs(args: argparse.Namespace, speculative: bool) -> dict[str, Any]
             passes[name].append(step_ms(llm, prompt, params))
     for name, value in modes.items():
         _set_mode(sched, speculative, value)
+        llm.generate([prompt], params, use_tqdm=False)  # warm-up in this mode
         if speculative:
-            llm.scheduler.spec.proposer = FixedProposer()
-        llm.generate([prompt], params, use_tqdm=False)  # warm-up at these lengths
-        if speculative:
-            llm.scheduler.spec.stats = type(llm.scheduler.spec.stats)()
+            sched.spec.stats = type(sched.spec.stats)()
         runner = llm.engine.runner
         before = (getattr(runner, "replays", 0), getattr(runner, "eager_runs", 0))
         platform = llm.engine.platform
@@ -286,9 +284,8 @@ def _engine_costs(args: argparse.Namespace, speculative: bool) -> dict[str, Any]
         platform.synchronize()
         total = time.perf_counter() - start
         assert len(res.outputs[0].token_ids) == steps
-        count = steps - 1 if not speculative else llm.scheduler.spec.stats.verify_steps
+        count = steps - 1 if not speculative else sched.spec.stats.verify_steps
         out[f"{name}_mean_ms"] = round(1000 * total / max(count, 1), 3)
-        sched = llm.scheduler
         detail = {"overlap": sched.overlap, "deferred_outputs": sched.defer_outputs,
                   **_graph_record(llm, before), **_spec_record(llm)}  # fmt: skip
         out[f"{name}_step_ms"] = round(statistics.median(passes[name]), 3)
