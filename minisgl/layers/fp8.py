@@ -15,7 +15,6 @@ scale over the rows and then shards it as the layer shards its weight.
 from __future__ import annotations
 
 import functools
-
 from typing import Callable, Literal
 
 import torch

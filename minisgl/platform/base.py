@@ -58,6 +58,10 @@ class BasePlatform(ABC):
         """Called when the scheduler goes idle: hand freed memory that the process's allocator
         keeps back to the OS (no-op here; CPU: the C heap, where activations live)."""
 
+    def prepare_scheduler_process(self) -> None:
+        """Called once in a scheduler process, before its model loads (no-op here; CPU: the C
+        heap's mmap threshold)."""
+
     def offline_prefill_tokens(self) -> int:
         """Prefill tokens per step when an offline run (`LLM`, `bench offline`) sets none: the
         server keeps 8192 for latency; offline jobs only care about throughput."""

@@ -46,18 +46,8 @@ def _openmp_runtime() -> ctypes.CDLL | None:
 
 
 # Allocations of at least this many bytes get their own mmap in the CPU scheduler process
-# (`pin_scheduler_malloc`).
-SCHEDULER_MMAP_THRESHOLD = 1 << 20  # 4 MiB: still grew 129 MiB (docs)
-
-
-def pin_scheduler_malloc() -> bool:
-    """The scheduler process's malloc at start-up, on CPU: the mmap threshold pinned at
-    SCHEDULER_MMAP_THRESHOLD (utils/memory.pin_mmap_threshold), so the large temporaries of a
-    forward (activations, logits) are mapped and unmapped rather than left in a heap that grows
-    while requests decode (the dynamic threshold's heap: tests/e2e/test_hostile.py's 10 unread
-    streams grew the scheduler by ~75-125 MiB). docs/performance.md, "The scheduler's malloc
-    (seventeenth session)", has the A/B the value comes from. False where there is no glibc."""
-    return pin_mmap_threshold(SCHEDULER_MMAP_THRESHOLD)
+# (`CpuPlatform.prepare_scheduler_process`); 4 MiB still grew 129 MiB (docs/performance.md).
+SCHEDULER_MMAP_THRESHOLD = 1 << 20
 
 
 class _NoopEvent:
@@ -163,6 +153,15 @@ class CpuPlatform(BasePlatform):
         # them: ~200 MB of SmolLM2's server after 32 prompts of up to 512 tokens. malloc_trim
         # returns every free page of it (a few ms; only when the scheduler has nothing to do).
         trim_heap()
+
+    def prepare_scheduler_process(self) -> None:
+        """The mmap threshold pinned at SCHEDULER_MMAP_THRESHOLD (utils/memory.pin_mmap_threshold),
+        so the large temporaries of a forward (activations, logits) are mapped and unmapped rather
+        than left in a heap that grows while requests decode (the dynamic threshold's heap:
+        tests/e2e/test_hostile.py's 10 unread streams grew the scheduler by ~75-125 MiB).
+        docs/performance.md, "The scheduler's malloc (seventeenth session)", has the A/B the value
+        comes from. Nothing where there is no glibc."""
+        pin_mmap_threshold(SCHEDULER_MMAP_THRESHOLD)
 
     def kv_budget(self, memory_fraction: float) -> int:
         # Host memory is shared with everything else: a quarter of what is free, at most 4 GiB.

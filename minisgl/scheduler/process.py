@@ -223,10 +223,7 @@ def run_scheduler(
     engine_config, store = _join_group(engine_config, rdzv, device_index)
     from minisgl.platform import current
 
-    if current().name == "cpu":  # before the model loads (a platform detail: platform/cpu.py)
-        from minisgl.platform.cpu import pin_scheduler_malloc
-
-        pin_scheduler_malloc()
+    current().prepare_scheduler_process()  # before the model loads
     rank, size = engine_config.tp_rank, engine_config.tp_size
     with torch.inference_mode():
         _, scheduler = build_scheduler(engine_config, sched_config)

@@ -9,11 +9,11 @@ from typing import Callable
 
 
 @cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, or None (another C library)."""
+def _libc(function: str) -> Callable[..., int] | None:
+    """glibc's `function` (malloc_trim, mallopt), or None (another C library)."""
     name = ctypes.util.find_library("c")
     try:
-        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+        return getattr(ctypes.CDLL(name), function, None) if name else None
     except OSError:
         return None
 
@@ -22,7 +22,7 @@ def trim_heap() -> bool:
     """Give malloc's free pages back to the system (every arena); False where there is no glibc.
     Loading a tokenizer parses a 3.5 MB tokenizer.json into temporaries that malloc keeps once
     freed: ~17 MiB of the detokenizer's RSS, ~25 MiB of the tokenizer's (SmolLM2)."""
-    trim = _malloc_trim()
+    trim = _libc("malloc_trim")
     if trim is None:
         return False
     trim(0)
@@ -32,16 +32,6 @@ def trim_heap() -> bool:
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter numbers (malloc.h)
 
 
-@cache
-def _mallopt() -> Callable[[int, int], int] | None:
-    """glibc's mallopt, or None (another C library)."""
-    name = ctypes.util.find_library("c")
-    try:
-        return getattr(ctypes.CDLL(name), "mallopt", None) if name else None
-    except OSError:
-        return None
-
-
 def pin_mmap_threshold(threshold: int) -> bool:
     """Serve allocations of at least `threshold` bytes by mmap from now on, in this process; False
     where there is no glibc. glibc's threshold is dynamic: once a large mmapped block is freed (a
@@ -49,7 +39,7 @@ def pin_mmap_threshold(threshold: int) -> bool:
     that size come from the heap, which fragments and keeps them (the CPU scheduler's heap grew
     ~90 MiB while 10 streams decoded; trim_heap returns it only at idle). Setting it turns the
     dynamic adjustment off (and the trim threshold stays at twice the threshold)."""
-    mallopt = _mallopt()
+    mallopt = _libc("mallopt")
     if mallopt is None:
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, threshold))

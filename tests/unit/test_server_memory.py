@@ -73,9 +73,9 @@ def test_cpu_engine_imports_no_triton(tmp_path: Path) -> None:
 
 def test_cpu_platform_returns_freed_heap_when_idle() -> None:
     from minisgl.platform.cpu import CpuPlatform
-    from minisgl.utils.memory import _malloc_trim
+    from minisgl.utils.memory import _libc
 
-    assert _malloc_trim() is not None  # glibc (the CI's and this project's machines)
+    assert _libc("malloc_trim") is not None  # glibc (the CI's and this project's machines)
     big = torch.ones(20 << 18)  # 20 MiB, mmapped and freed: malloc's mmap threshold rises past 10 MiB
     del big
     held = [torch.ones(10 << 18) for _ in range(24)]  # 24 x 10 MiB, now from the heap
