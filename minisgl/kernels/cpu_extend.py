@@ -11,36 +11,13 @@ cached prefix (the query at position p sees keys 0..p), an online softmax in fp3
 bf16 (the output takes its dtype); pages fp32, bf16 or fp16, converted exactly to fp32.
 
 Plain layers only: sliding windows, logit soft-caps and attention sinks keep the torch path. The
-attention backend uses it where it uses the decode kernel (`cpu_attention.pool_dtypes()`).
+attention backend uses it where it uses the decode kernel (`cpu_attention.pool_dtypes()`), calling
+the library handle it holds (`CpuKernels.extend_attention`).
 """
 
 from __future__ import annotations
-
-import torch
-
-from minisgl.kernels import cpu_attention
-from minisgl.kernels.cpp_ext import IsaChoice
 
 
 def supports(head_dim: int) -> bool:
     """Whether the kernel takes this head size (a multiple of 16)."""
     return head_dim % 16 == 0
-
-
-def extend_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    table: torch.Tensor,
-    rows: torch.Tensor,
-    seq_lens: torch.Tensor,
-    extend_lens: torch.Tensor,
-    scale: float,
-    isa: IsaChoice | None = None,
-) -> torch.Tensor:
-    """q [T, Hq, D] (each request's new tokens in turn); pools [S, Hkv, D]; table [R, C] int32
-    slots; rows [B] int64; seq_lens [B] int32 (KV length after the step), extend_lens [B] int32
-    -> [T, Hq, D]: request i's queries at positions seq_len - extend_len .. seq_len - 1."""
-    module = cpu_attention.load()
-    assert module is not None, "call cpu_attention.load() first and check it"
-    return module.extend_attention(q, k_cache, v_cache, table, rows, seq_lens, extend_lens, scale, isa)
