@@ -82,6 +82,9 @@ def test_scheduler_process_freezes_its_start_up_objects_before_ready(monkeypatch
 
     monkeypatch.setattr(process, "build_scheduler", lambda engine, sched: (None, FakeScheduler()))
     monkeypatch.setattr(process, "SchedulerLoop", FakeLoop)
+    # Start-up's malloc pin would last for the rest of this pytest process (the dynamic mmap
+    # threshold cannot be turned back on), and test_server_memory's trim test needs it dynamic.
+    monkeypatch.setattr(CpuPlatform, "prepare_scheduler_process", lambda self: None)
     gc.unfreeze()
     try:
         process.run_scheduler(EngineConfig(device="cpu"), SchedulerConfig(), None, Ready())  # type: ignore[arg-type]
