@@ -271,7 +271,38 @@ def run_experts(
     )  # fmt: skip
     if top_k == 1:
         return out_pairs
-    return out_pairs.view(num_tokens, top_k, hidden_size).sum(dim=1)
+    return sum_pairs(out_pairs, num_tokens, top_k)
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _sum_pairs_kernel(pairs_ptr, out_ptr, num_tokens, H: tl.constexpr, TOP_K: tl.constexpr,
+                      BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+    """out[t] = sum over k (in k order, fp32) of pairs[t * TOP_K + k]: a [BLOCK_T, BLOCK_H] tile."""
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = (tokens < num_tokens)[:, None] & (cols < H)[None, :]
+    rows = tokens.to(tl.int64)[:, None] * (TOP_K * H) + cols[None, :]
+    acc = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
+        acc += tl.load(pairs_ptr + rows + k * H, mask=mask, other=0.0).to(tl.float32)
+    out = out_ptr + tokens.to(tl.int64)[:, None] * H + cols[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def sum_pairs(out_pairs: torch.Tensor, num_tokens: int, top_k: int) -> torch.Tensor:
+    """The per-token sum of the down kernel's rows [T * K, H] -> [T, H] (`moe_ref`'s
+    `.view(T, K, H).sum(dim=1)`: fp32 sums in k order, rounded once). One launch that reads each
+    row once: torch's reduce over the middle dimension ran at ~1.3 TB/s on the H200 (6.3 us of
+    a 256-token decode layer of Qwen3-30B-A3B)."""
+    hidden_size = out_pairs.shape[-1]
+    assert out_pairs.is_contiguous() and out_pairs.shape[0] == num_tokens * top_k
+    out = torch.empty(num_tokens, hidden_size, dtype=out_pairs.dtype, device=out_pairs.device)
+    block_h = min(triton.next_power_of_2(hidden_size), 1024)
+    block_t = 2 if hidden_size >= 1024 else 8
+    grid = (triton.cdiv(num_tokens, block_t), triton.cdiv(hidden_size, block_h))
+    _sum_pairs_kernel[grid](out_pairs, out, num_tokens, H=hidden_size, TOP_K=top_k, BLOCK_T=block_t,
+                            BLOCK_H=block_h, num_warps=4)  # fmt: skip
+    return out
 
 
 def fused_moe(
