@@ -152,9 +152,11 @@ def set_isa(isa: IsaChoice) -> None:
 
 
 def sources_digest() -> str:
-    """A digest of every file in kernels/csrc: the build directories are named by it, so checkouts
-    with different sources (an upgrade, two worktrees) never rebuild each other's library in place."""
-    h = hashlib.sha256()
+    """A digest of every file in kernels/csrc and of the directory's own path: the build directories
+    are named by it, so checkouts with different sources (an upgrade) never rebuild each other's
+    library in place, and neither do two checkouts of the same sources (torch's build.ninja names
+    the sources by absolute path, so a second checkout would rebuild the first one's library)."""
+    h = hashlib.sha256(str(_CSRC.resolve()).encode() + b"\0")
     for f in sorted(_CSRC.iterdir()):
         if f.is_file():
             h.update(f.name.encode() + b"\0" + f.read_bytes())
