@@ -63,6 +63,11 @@ class EngineConfig:
     # shapes it has seen before (engine/engine.py: padded_rows). None: the platform's choice (CUDA).
     pad_eager: bool | None = None
     kernels: KernelConfig = field(default_factory=KernelConfig)
+    # The server's scheduler processes start with glibc's malloc backing large blocks by
+    # transparent huge pages (GLIBC_TUNABLES glibc.malloc.hugetlb=1, read by glibc only at process
+    # start, so an in-process `LLM` gets it only from its own environment): a CPU forward's
+    # activations then fault in 2 MiB at a time instead of 4 KiB (utils/memory.huge_page_environment).
+    huge_pages: bool = True
     task: EngineTask = "auto"
     # Multi-LoRA (lora/): adapters loaded at start, as (name, path); LoRA is on with any of them or
     # with `enable_lora` (adapters loaded at run time only). `max_loras` device slots (adapters of

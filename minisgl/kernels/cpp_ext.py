@@ -58,6 +58,10 @@ class CpuKernels:
     def best_isa(self) -> Isa:
         return self.supported[-1]
 
+    def pool_entry(self) -> int:
+        """The address of the library's thread-pool entry (csrc/pool.h run_here)."""
+        return int(self.module.pool_entry())
+
     def isa_id(self, isa: IsaChoice | None = None) -> int:
         """The C++ id of the path a call with this `isa` takes; ValueError if it cannot run here."""
         if isa is None:
@@ -198,10 +202,19 @@ def load_library(portable_only: bool = False) -> CpuKernels:
             _FAILED[portable_only] = f"building the C++ CPU kernels failed ({type(exc).__name__}: {exc})"
             raise RuntimeError(_FAILED[portable_only]) from exc
         lib = _LIBS[portable_only] = CpuKernels(module)
+        if not portable_only:
+            from minisgl.kernels import cpu_quant
+
+            cpu_quant.share_pool()  # the quantized kernels' library, if loaded, runs on this one's pool
         logger.info("C++ CPU kernels %s in %.1f s (paths this CPU runs: %s; auto takes %s)",
                     "loaded" if cached else "built", time.perf_counter() - start, ", ".join(lib.supported),
                     lib.best_isa())  # fmt: skip
         return lib
+
+
+def loaded_library() -> CpuKernels | None:
+    """The full build if it is loaded already (never builds or loads it)."""
+    return _LIBS.get(False)
 
 
 _WARNED: set[str] = set()

@@ -96,6 +96,8 @@ class QuantLib:
                                                  ctypes.c_int, ctypes.c_int, ctypes.c_int]  # fmt: skip
             f = lib.minisgl_quant_matmul
             self._run = lambda d, x, y, m, fl: f(d[0], d[1], d[2], d[3], x, m, d[4], y, fl & 255, fl >> 8 & 255, fl >> 16)
+        if hasattr(lib, "minisgl_quant_adopt_pool"):  # not in an older build (tools/bench_cpu_quant.py --ab)
+            lib.minisgl_quant_adopt_pool.argtypes = [ptr]
         compiled, cpu = lib.minisgl_quant_isas_compiled(), lib.minisgl_quant_isas_cpu()
         self.compiled: tuple[Isa, ...] = tuple(n for i, n in enumerate(ISAS) if compiled >> i & 1)
         self.supported: tuple[Isa, ...] = tuple(n for i, n in enumerate(ISAS) if (compiled & cpu) >> i & 1)
@@ -182,7 +184,24 @@ def load_library(portable_only: bool = False) -> QuantLib:
         except Exception as exc:  # no compiler: the caller keeps a float path
             raise RuntimeError(f"building the quantized CPU kernels failed ({type(exc).__name__}: {exc})") from exc
         lib = _LIBS[portable_only] = QuantLib(str(path))
-        return lib
+    if not portable_only:
+        share_pool()
+    return lib
+
+
+def share_pool() -> bool:
+    """Run the quantized matmuls on the C++ CPU kernels' thread pool (csrc/pool.h), once both
+    libraries are loaded (each load calls this; the portable-only builds keep their own); whether
+    they now share it. Each library otherwise has a pool of its own, and on a 2-core machine a
+    decode step's alternating calls keep both pools' workers spinning on the one core the other
+    library's next job wants (docs/performance.md: "One thread pool for both libraries")."""
+    from minisgl.kernels import cpp_ext
+
+    quant, kernels = _LIBS.get(False), cpp_ext.loaded_library()
+    if quant is None or kernels is None or not hasattr(quant._lib, "minisgl_quant_adopt_pool"):
+        return False
+    quant._lib.minisgl_quant_adopt_pool(kernels.pool_entry())
+    return bool(quant._lib.minisgl_quant_pool_adopted())
 
 
 def set_isa(isa: Isa | Literal["auto"]) -> None:

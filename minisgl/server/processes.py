@@ -12,6 +12,7 @@ for ranks on other nodes `tcp://IP:*` (a free port, published through the rendez
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import threading
@@ -19,7 +20,7 @@ import time
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Mapping
 
 from minisgl.scheduler.process import SchedulerAddrs, run_scheduler
 from minisgl.server.args import ServerConfig
@@ -28,6 +29,7 @@ from minisgl.server.frontend import FrontendAddrs
 from minisgl.tokenizer.detokenizer import DetokenizerAddrs, run_detokenizer
 from minisgl.tokenizer.worker import TokenizerAddrs, run_tokenizer
 from minisgl.utils.logging import get_logger
+from minisgl.utils.memory import huge_page_environment
 from minisgl.utils.process import child_main
 from minisgl.utils.zmq import IpcDir
 
@@ -46,6 +48,21 @@ class Child:
     process: BaseProcess
     conn: Connection  # the launcher's end of the start-up pipe
     info: dict[str, Any] | None = None
+
+
+@contextlib.contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """os.environ with `values` set inside (what a child spawned inside inherits), as before after."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def scheduler_name(replica: int, rank: int, dp_size: int) -> str:
@@ -114,11 +131,15 @@ class ServiceProcesses:
     # ------------------------------------------------------------------ start-up
     def start(self) -> None:
         ctx = mp.get_context("spawn")
+        # Scheduler ranks (--huge-pages): malloc's large blocks in transparent huge pages, a
+        # setting glibc reads only when a process starts (utils/memory.huge_page_environment).
+        huge = huge_page_environment(os.environ) if self.config.engine.huge_pages else {}
         for name, target, kwargs in self._specs:
             parent_end, child_end = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=child_main, args=(name, child_end, target, kwargs, self.log_level),
                                name=f"minisgl-{name}")  # fmt: skip
-            proc.start()
+            with _environment(huge if name in self.replica_of else {}):
+                proc.start()
             child_end.close()
             self.children.append(Child(name, proc, parent_end))
             logger.info("started %s (pid %d)", name, proc.pid)

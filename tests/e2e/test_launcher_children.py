@@ -1,15 +1,19 @@
 """The launcher's child management with stand-in children: ready reports, start-up failures
-naming the child, health turning unhealthy and the watchdog firing when a child dies."""
+naming the child, health turning unhealthy and the watchdog firing when a child dies, and the
+scheduler ranks' huge-page malloc (--huge-pages)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from minisgl.engine.config import EngineConfig
 from minisgl.server.args import ServerConfig
 from minisgl.server.launch import ServiceProcesses, StartupError
 from minisgl.utils.process import ReadyReporter
@@ -33,10 +37,57 @@ def never_ready(ready: ReadyReporter) -> None:
     time.sleep(60)
 
 
-def make(*specs) -> ServiceProcesses:
-    procs = ServiceProcesses(ServerConfig(), model_dir="unused", context_len=128)
+def report_malloc_pages(ready: ReadyReporter) -> None:
+    """Reports GLIBC_TUNABLES and the huge-page KiB of a 16 MiB block from malloc, written through."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    size = 16 << 20
+    address = libc.malloc(size)  # past the mmap threshold: a mapping of its own
+    ctypes.memset(address, 1, size)
+    huge_kib, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):  # a mapping's first line: start-end perms ...
+            start, end = (int(x, 16) for x in head.split("-"))
+            inside = start <= address < end
+        elif inside and head == "AnonHugePages:":
+            huge_kib = int(line.split()[1])
+    ready.ready(tunables=os.environ.get("GLIBC_TUNABLES", ""), huge_kib=huge_kib)
+    while True:
+        time.sleep(0.1)
+
+
+def make(*specs, config: ServerConfig | None = None) -> ServiceProcesses:
+    procs = ServiceProcesses(config or ServerConfig(), model_dir="unused", context_len=128)
     procs._specs = list(specs)
     return procs
+
+
+def _thp_mode() -> str:
+    text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    return text[text.index("[") + 1 : text.index("]")]
+
+
+@pytest.mark.parametrize("huge_pages", [True, False])
+def test_scheduler_ranks_start_with_huge_page_malloc(huge_pages: bool) -> None:
+    config = ServerConfig(engine=EngineConfig(huge_pages=huge_pages))
+    procs = make(("scheduler-0", report_malloc_pages, {}), ("tokenizer", report_malloc_pages, {}), config=config)
+    procs.replica_of = {"scheduler-0": 0}
+    try:
+        procs.start()
+        procs.wait_ready(60)
+        scheduler, tokenizer = procs.info("scheduler-0"), procs.info("tokenizer")
+    finally:
+        procs.shutdown()
+    assert "glibc.malloc.hugetlb" not in os.environ.get("GLIBC_TUNABLES", "")  # the launcher's own is as it was
+    assert "glibc.malloc.hugetlb=1" not in tokenizer["tunables"]
+    if not huge_pages:
+        assert "glibc.malloc.hugetlb=1" not in scheduler["tunables"]
+        return
+    assert "glibc.malloc.hugetlb=1" in scheduler["tunables"].split(":")
+    if _thp_mode() == "madvise":  # glibc madvised the block: part of it is in 2 MiB pages
+        assert scheduler["huge_kib"] >= 2048 and tokenizer["huge_kib"] == 0, (scheduler, tokenizer)
 
 
 def test_ready_health_and_watchdog():

@@ -185,6 +185,43 @@ def test_concurrent_callers_share_the_pool(lib: cpu_quant.QuantLib, mode: str) -
         assert torch.equal(bits(y), bits(expected[(t + rep) % len(weights)])), (t, rep)
 
 
+def test_both_libraries_share_one_pool(lib: cpu_quant.QuantLib) -> None:
+    """Once the C++ CPU kernels are loaded too, the quantized matmuls run on their thread pool
+    (cpu_quant.share_pool): callers of both libraries at once, each asking for more threads than
+    the CPU has, still get their single-thread results bit for bit."""
+    import threading
+
+    from minisgl.kernels import cpp_ext
+
+    kernels = build(cpp_ext.load_library)
+    assert cpu_quant.share_pool() and lib._lib.minisgl_quant_pool_adopted() == 1
+    weight = random_blocks(QUANT_TYPES["Q4_1"], 301, 576, seed=21)
+    x, h, w = torch.randn(19, 576), torch.randn(400, 576), torch.rand(576) + 0.5
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        expected = (lib.matmul(x, weight, "Q4_1", lib.best_isa(), "gemm"), kernels.rms_norm(h, w, 1e-5))
+        torch.set_num_threads(8)
+        got: list[tuple[int, torch.Tensor]] = []
+
+        def caller(t: int) -> None:
+            for rep in range(20):
+                if (t + rep) % 2:
+                    got.append((0, lib.matmul(x, weight, "Q4_1", lib.best_isa(), "gemm")))
+                else:
+                    got.append((1, kernels.rms_norm(h, w, 1e-5)))
+
+        threads = [threading.Thread(target=caller, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        torch.set_num_threads(before)
+    assert len(got) == 80
+    assert all(torch.equal(bits(y), bits(expected[which])) for which, y in got)
+
+
 def test_dispatch_and_public_api(lib: cpu_quant.QuantLib) -> None:
     flags = set(re.findall(r"\w+", Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0])) \
         if Path("/proc/cpuinfo").exists() else set()  # fmt: skip

@@ -15,6 +15,7 @@
 extern "C" {
 int minisgl_cpu_isas_compiled();
 int minisgl_cpu_isas_cpu();
+void* minisgl_cpu_pool_entry();
 int minisgl_cpu_rms_norm(int, int, const void*, int64_t, const void*, void*, const void*, void*, int64_t, int64_t,
                          double, int);
 int minisgl_cpu_rotary(int, int, const int64_t*, const void*, int64_t, int64_t, const void*, int64_t, int64_t,
@@ -250,6 +251,8 @@ Tensor extend_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isas", &isas, "(compiled ISA mask, CPU ISA mask)");
+  m.def("pool_entry", [] { return reinterpret_cast<int64_t>(minisgl_cpu_pool_entry()); },
+        "address of the library's thread-pool entry (pool.h run_here), for another library to adopt");
   m.def("rms_norm", &rms_norm);
   m.def("add_rms_norm", &add_rms_norm);
   m.def("rotary", &rotary);

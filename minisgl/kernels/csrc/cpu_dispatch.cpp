@@ -107,6 +107,8 @@ extern "C" {
 
 int minisgl_cpu_isas_compiled() { return compiled_mask(); }
 int minisgl_cpu_isas_cpu() { return CPU_MASK; }
+// The entry of this library's thread pool, for the quantized kernels' library to adopt (pool.h).
+void* minisgl_cpu_pool_entry() { return reinterpret_cast<void*>(&minisgl_pool::run_here); }
 
 int minisgl_cpu_rms_norm(int isa, int dt, const void* x, int64_t xs, const void* res, void* total, const void* w,
                          void* out, int64_t T, int64_t H, double eps, int nthreads) {

@@ -13,6 +13,10 @@
 // Workers spin for SPIN_US after their last chunk (a decode step's calls come tens of us apart),
 // yielding the core between checks after YIELD_US, then sleep on a condition variable; a job
 // wakes sleepers, but does not wait for them.
+// One pool per process: each library that includes this header has its own Pool object, so a
+// library can adopt another's (`adopt`): the quantized matmuls run on the CPU-kernels library's
+// pool (kernels/cpu_quant.py: share_pool), or a decode step would keep two workers spinning after
+// alternate calls on a 2-core machine, each taking turns on the core the other's job wants.
 // Built with the library's default flags (no ISA target): include it from the dispatch files only.
 #pragma once
 #include <pthread.h>
@@ -158,6 +162,29 @@ class Pool {
   std::condition_variable cv_;
 };
 
+// Runs a job on some library's pool: this one's own (`run_here`), or the one adopted.
+using RunFn = void (*)(int64_t n, int nthreads, ChunkFn fn, void* ctx);
+
+inline void run_here(int64_t n, int nthreads, ChunkFn fn, void* ctx) { Pool::get().run(n, nthreads, fn, ctx); }
+
+inline std::atomic<RunFn>& adopted() {
+  static std::atomic<RunFn> fn{nullptr};
+  return fn;
+}
+
+// This library's jobs go to `fn`'s pool from now on (another library's run_here; nullptr: its own).
+// A job in flight on the previous pool finishes there.
+inline void adopt(RunFn fn) { adopted().store(fn == run_here ? nullptr : fn, std::memory_order_release); }
+
+inline void run(int64_t n, int nthreads, ChunkFn fn, void* ctx) {
+  const RunFn other = adopted().load(std::memory_order_acquire);
+  if (other != nullptr) {
+    other(n, nthreads, fn, ctx);
+  } else {
+    run_here(n, nthreads, fn, ctx);
+  }
+}
+
 // fn(begin, end) over [0, n) in chunks of `grain` (the last one shorter), on up to nthreads threads.
 template <typename Fn>
 inline void parallel_chunks(int64_t n, int64_t grain, int nthreads, const Fn& fn) {
@@ -167,7 +194,7 @@ inline void parallel_chunks(int64_t n, int64_t grain, int nthreads, const Fn& fn
     const Fn* fn;
     int64_t n, grain;
   } ctx{&fn, n, grain};
-  Pool::get().run((n + grain - 1) / grain, nthreads, [](void* p, int64_t c) {
+  run((n + grain - 1) / grain, nthreads, [](void* p, int64_t c) {
     const Ctx& x = *static_cast<const Ctx*>(p);
     const int64_t b = c * x.grain, e = b + x.grain < x.n ? b + x.grain : x.n;
     (*x.fn)(b, e);

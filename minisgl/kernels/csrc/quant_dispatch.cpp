@@ -140,6 +140,12 @@ extern "C" {
 int minisgl_quant_isas_compiled() { return compiled_mask(); }
 int minisgl_quant_isas_cpu() { return cpu_mask(); }
 
+// Run this library's jobs on the pool behind `entry` (another library's pool.h run_here; nullptr:
+// this library's own pool again).
+void minisgl_quant_adopt_pool(void* entry) { minisgl_pool::adopt(reinterpret_cast<minisgl_pool::RunFn>(entry)); }
+// Whether jobs run on an adopted pool (1) or this library's own (0).
+int minisgl_quant_pool_adopted() { return minisgl_pool::adopted().load() != nullptr; }
+
 // y[M, N] = x[M, K] @ W^T, W = N rows of `rb` bytes of GGUF blocks of type `qtype`.
 // mode 0: GEMV (dequantize in registers, for few rows), 1: GEMM (dequantize panels to fp32).
 // Returns 0, or 1 for an unknown type, 2 for an ISA not compiled in or not supported by the CPU,
