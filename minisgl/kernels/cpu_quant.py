@@ -96,14 +96,23 @@ class QuantLib:
                                                  ctypes.c_int, ctypes.c_int, ctypes.c_int]  # fmt: skip
             f = lib.minisgl_quant_matmul
             self._run = lambda d, x, y, m, fl: f(d[0], d[1], d[2], d[3], x, m, d[4], y, fl & 255, fl >> 8 & 255, fl >> 16)
-        if hasattr(lib, "minisgl_quant_adopt_pool"):  # not in an older build (tools/bench_cpu_quant.py --ab)
-            lib.minisgl_quant_adopt_pool.argtypes = [ptr]
+        self._adopt = getattr(lib, "minisgl_quant_adopt_pool", None)  # not in an older build (bench --ab)
+        if self._adopt is not None:
+            self._adopt.argtypes = [ptr]
         compiled, cpu = lib.minisgl_quant_isas_compiled(), lib.minisgl_quant_isas_cpu()
         self.compiled: tuple[Isa, ...] = tuple(n for i, n in enumerate(ISAS) if compiled >> i & 1)
         self.supported: tuple[Isa, ...] = tuple(n for i, n in enumerate(ISAS) if (compiled & cpu) >> i & 1)
 
     def best_isa(self) -> Isa:
         return self.supported[-1]
+
+    def adopt_pool(self, entry: int | None) -> bool:
+        """Run this build's jobs on the thread pool behind `entry` (another library's pool entry,
+        csrc/pool.h run_here; None: its own pool again); whether an adopted pool runs them now."""
+        if self._adopt is None:
+            return False
+        self._adopt(entry)
+        return bool(self._lib.minisgl_quant_pool_adopted())
 
     def isa_id(self, isa: Isa) -> int:
         """The C++ id of a path this build and CPU run (for `run`); ValueError otherwise."""
@@ -198,10 +207,7 @@ def share_pool() -> bool:
     from minisgl.kernels import cpp_ext
 
     quant, kernels = _LIBS.get(False), cpp_ext.loaded_library()
-    if quant is None or kernels is None or not hasattr(quant._lib, "minisgl_quant_adopt_pool"):
-        return False
-    quant._lib.minisgl_quant_adopt_pool(kernels.pool_entry())
-    return bool(quant._lib.minisgl_quant_pool_adopted())
+    return quant is not None and kernels is not None and quant.adopt_pool(kernels.pool_entry())
 
 
 def set_isa(isa: Isa | Literal["auto"]) -> None:

@@ -23,6 +23,8 @@ import re
 import shutil
 import struct
 import subprocess
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -151,13 +153,20 @@ def test_bit_identical_across_thread_counts(lib: cpu_quant.QuantLib, mode: str) 
     assert all(torch.equal(bits(outs[0]), bits(o)) for o in outs[1:])
 
 
+def in_threads(caller: Callable[[int], None], count: int) -> None:
+    """caller(t) for t in 0 .. count - 1, each on a Python thread of its own, all at once."""
+    threads = [threading.Thread(target=caller, args=(t,)) for t in range(count)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+
+
 @pytest.mark.parametrize("mode", ["gemv", "gemm"])
 def test_concurrent_callers_share_the_pool(lib: cpu_quant.QuantLib, mode: str) -> None:
     """Calls from several Python threads at once (the GIL is released in a call), each asking for
     more threads than the CPU has: the pool runs one job at a time and the others on their
     callers' threads, and every result is the single-thread one, bit for bit."""
-    import threading
-
     names = ["Q4_1", "Q8_0", "Q4_K", "Q6_K"]
     weights = [random_blocks(QUANT_TYPES[t], 67 + 16 * i, 256, seed=10 + i) for i, t in enumerate(names)]
     x = torch.randn(3 if mode == "gemv" else 19, 256)
@@ -173,11 +182,7 @@ def test_concurrent_callers_share_the_pool(lib: cpu_quant.QuantLib, mode: str) -
                 i = (t + rep) % len(weights)
                 got[(t, rep)] = lib.matmul(x, weights[i], names[i], lib.best_isa(), mode)
 
-        threads = [threading.Thread(target=caller, args=(t,)) for t in range(4)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        in_threads(caller, 4)
     finally:
         torch.set_num_threads(before)
     assert len(got) == 100
@@ -189,8 +194,6 @@ def test_both_libraries_share_one_pool(lib: cpu_quant.QuantLib) -> None:
     """Once the C++ CPU kernels are loaded too, the quantized matmuls run on their thread pool
     (cpu_quant.share_pool): callers of both libraries at once, each asking for more threads than
     the CPU has, still get their single-thread results bit for bit."""
-    import threading
-
     from minisgl.kernels import cpp_ext
 
     kernels = build(cpp_ext.load_library)
@@ -211,11 +214,7 @@ def test_both_libraries_share_one_pool(lib: cpu_quant.QuantLib) -> None:
                 else:
                     got.append((1, kernels.rms_norm(h, w, 1e-5)))
 
-        threads = [threading.Thread(target=caller, args=(t,)) for t in range(4)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        in_threads(caller, 4)
     finally:
         torch.set_num_threads(before)
     assert len(got) == 80
