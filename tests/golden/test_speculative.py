@@ -13,7 +13,7 @@ import torch
 
 from minisgl import LLM, SamplingParams
 from minisgl.scheduler.config import SchedulerConfig
-from tests.golden.test_embedded_parity import CONVERSATIONS
+from tests.golden.test_embedded_parity import NEW_TOKENS, embedded_greedy
 from tests.tiny_models import make_tiny_model
 
 
@@ -141,11 +141,12 @@ EMBEDDED_PARAMS = SamplingParams(temperature=0, max_tokens=48)
 @pytest.fixture(scope="module")
 def embedded_plain() -> tuple[str, list[list[int]], list[list[int]]]:
     """The embedded SmolLM2 (fp32) without speculation on the golden chat prompts, run once for
-    both algorithms: (its directory, the prompts, the greedy token ids)."""
-    plain = LLM(device="cpu", weights="float32")
-    prompts = [plain.apply_chat_template(c) for c in CONVERSATIONS]
-    want = [r.outputs[0].token_ids for r in plain.generate(prompts, EMBEDDED_PARAMS, use_tqdm=False)]
-    return str(plain.engine.model_dir), prompts, want
+    both algorithms (and shared with the HF parity test: tests/golden/test_embedded_parity.py,
+    `embedded_greedy`, the same engine, prompts and EMBEDDED_PARAMS): (its directory, the prompts,
+    the greedy token ids)."""
+    assert (EMBEDDED_PARAMS.temperature, EMBEDDED_PARAMS.max_tokens) == (0, NEW_TOKENS)
+    model_dir, _, prompts, outputs = embedded_greedy()
+    return model_dir, prompts, [o.token_ids for o in outputs]
 
 
 @pytest.mark.parametrize("algorithm", ["ngram", "draft"])
