@@ -71,6 +71,7 @@ class Engine:
         if self.context_len < self.model_config.context_len:
             logger.info("serving a context of %d tokens (model: %d)", self.context_len, self.model_config.context_len)
 
+        sample_kernels = None  # the C++ CPU sampler's library, where this engine runs the C++ kernels
         if config.kernels.cpu_kernels:
             from minisgl.kernels import cpu_ops
 
@@ -84,6 +85,7 @@ class Engine:
                 if cpu_ops.enabled():
                     logger.info("%s CPU kernels ready in %.1f s", "fp32" if fp32_kernels else "bf16",
                                 time.perf_counter() - start)
+                    sample_kernels = cpu_ops.load() if self.device.type == "cpu" else None
         torch.manual_seed(config.seed)
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
@@ -119,7 +121,7 @@ class Engine:
         for module in self.model.modules():
             if isinstance(module, AttentionLayer):  # each layer tells the backend its window / soft-cap
                 module.bind(self.attn_backend)
-        self.sampler = Sampler(fused=config.kernels.fused_kernels, seed=config.seed)
+        self.sampler = Sampler(fused=config.kernels.fused_kernels, seed=config.seed, cpu_kernels=sample_kernels)
         self.penalties = PenaltyTracker(self.model_config.vocab_size, self.device)
         # Reused host staging and events (allocating pinned memory or CUDA events per step costs
         # more than the step's own host work). Two of each: step N+1 is built while step N's

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -25,6 +25,9 @@ from minisgl.core import SamplingParams
 from minisgl.engine.grammar import apply_token_bitmask
 from minisgl.engine.penalties import PenaltyBatch, apply_penalties
 from minisgl.utils.transfer import upload
+
+if TYPE_CHECKING:
+    from minisgl.kernels.cpp_ext import CpuKernels
 
 _MASK64 = (1 << 64) - 1
 
@@ -168,26 +171,27 @@ def _greedy(logits: torch.Tensor) -> torch.Tensor:
 
 
 class Sampler:
-    """Samples a batch of rows. With `fused` (CUDA, see `kernels.impl`), plain temperature
-    sampling (no top-k/top-p/min-p, per-request seed or logit control; greedy rows may mix in)
-    takes one Triton pass over the logits (`kernels/sampling.py`); the rest runs the torch path
-    below, which is also that kernel's reference."""
+    """Samples a batch of rows. Plain temperature sampling (no top-k/top-p/min-p or per-request
+    seed; logit controls and greedy rows may mix in) takes one fused pass over the logits where a
+    kernel for it runs: with `fused` on CUDA the Triton Gumbel-max kernel (`kernels/sampling.py`),
+    with `cpu_kernels` on CPU the C++ inverse-CDF kernel (`kernels/csrc/cpu_sample.h`). The rest
+    runs the torch path below, which is also those kernels' reference."""
 
-    def __init__(self, fused: bool = False, seed: int = 0) -> None:
+    def __init__(self, fused: bool = False, seed: int = 0, cpu_kernels: CpuKernels | None = None) -> None:
         self.fused = fused
+        self.cpu_kernels = cpu_kernels
         self._rng = random.Random(seed)  # per-call noise seeds of the fused kernel
 
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """logits [R, V] (any float dtype) -> next token ids [R] int64. `logits` is not modified."""
-        if (
-            self.fused
-            and not batch.all_greedy
-            and batch.controls is None
+        plain = (
+            not batch.all_greedy
             and batch.top_k is None
             and batch.top_p is None
             and batch.min_p is None
             and batch.seeded_rows is None
-        ):
+        )
+        if plain and self.fused and batch.controls is None:
             from minisgl.kernels.sampling import gumbel_sample
 
             temperature = batch.temperature.masked_fill(batch.greedy, 0.0) if batch.any_greedy else batch.temperature
@@ -196,7 +200,26 @@ class Sampler:
             logits = batch.controls.apply(logits.float())
         if batch.all_greedy:
             return _greedy(logits)
-        logits = logits.float()
+        if plain and self._cpu_kernel_runs(logits):
+            # One uniform per row, as the CPU branch below; greedy rows carry temperature 1.0 here.
+            uniform = torch.rand(logits.shape[0], dtype=torch.float32)
+            sampled = self.cpu_kernels.sample(logits, batch.temperature, uniform)
+        else:
+            sampled = self._sample_torch(logits.float(), batch)
+        if not batch.any_greedy:
+            return sampled
+        return torch.where(batch.greedy, _greedy(logits), sampled)
+
+    def _cpu_kernel_runs(self, logits: torch.Tensor) -> bool:
+        """The C++ sampler takes CPU fp32/bf16 logits on its vector paths. Not on the portable one:
+        its per-lane exp is slower than torch's vectorized softmax and cumsum (32 rows of 49k on
+        one Zen 5 thread: portable 6.2 ms, torch 2.1, AVX2 0.58, AVX-512 0.25; docs/performance.md)."""
+        lib = self.cpu_kernels
+        return (lib is not None and logits.is_cpu and logits.dtype in (torch.float32, torch.bfloat16)
+                and lib.resolve() != "portable")  # fmt: skip
+
+    def _sample_torch(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """fp32 logits [R, V] -> tokens [R] drawn from the filtered, tempered distribution."""
         probs = torch.softmax(logits / batch.temperature.unsqueeze(1), dim=-1)
         probs = self._filter(probs, batch)
         if probs.device.type == "cpu" and batch.seeded_rows is None:
@@ -205,17 +228,13 @@ class Sampler:
             # 64 rows of a 49k vocab).
             cdf = probs.cumsum(dim=-1)
             u = torch.rand(cdf.shape[0], 1, dtype=cdf.dtype) * cdf[:, -1:]
-            sampled = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
-        else:
-            # Exponential-race sampling: argmax(p / E) with E ~ Exp(1) draws from p.
-            noise = torch.empty_like(probs).exponential_()
-            if batch.seeded_rows is not None and batch.seed_keys is not None:
-                uniform = hashed_uniform(batch.seed_keys, probs.shape[1])
-                noise[batch.seeded_rows] = -torch.log(uniform)
-            sampled = (probs / noise).argmax(dim=-1)
-        if not batch.any_greedy:
-            return sampled
-        return torch.where(batch.greedy, _greedy(logits), sampled)
+            return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
+        # Exponential-race sampling: argmax(p / E) with E ~ Exp(1) draws from p.
+        noise = torch.empty_like(probs).exponential_()
+        if batch.seeded_rows is not None and batch.seed_keys is not None:
+            uniform = hashed_uniform(batch.seed_keys, probs.shape[1])
+            noise[batch.seeded_rows] = -torch.log(uniform)
+        return (probs / noise).argmax(dim=-1)
 
     @staticmethod
     def _filter(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

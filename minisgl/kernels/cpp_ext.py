@@ -1,5 +1,5 @@
 """The float C++ CPU kernels (RMSNorm, rotary, SiLU-and-mul, GEMV / small GEMM, paged decode
-attention): one shared library built on first use with the system compiler and called through
+and extend attention, temperature sampling): one shared library built on first use with the system compiler and called through
 a small pybind module (kernels/csrc/cpu_bind.cpp: tensor checks and output allocation, ~1-2 us a
 call). `kernels/cpu_ops.py` and `kernels/cpu_attention.py`
 are the layers' entry points; this module builds, loads and binds the library.
@@ -131,6 +131,13 @@ class CpuKernels:
         int64; seq_lens, extend_lens [B] int32 -> [T, Hq, D]: causal prefill over cached prefixes."""
         return self._lib.extend_attention(q, k_cache, v_cache, table, rows, seq_lens, extend_lens, scale,
                                           self.isa_id(isa))  # fmt: skip
+
+    def sample(self, logits: torch.Tensor, temperature: torch.Tensor, uniform: torch.Tensor,
+               isa: IsaChoice | None = None) -> torch.Tensor:  # fmt: skip
+        """logits [R, N] (fp32/bf16, unit stride on N), temperature [R] (> 0) and uniform [R] (in
+        [0, 1)) fp32 -> tokens [R] int64: row r drawn from softmax(logits[r] / temperature[r]) by the
+        inverse CDF at uniform[r] (kernels/csrc/cpu_sample.h)."""
+        return self._lib.sample(logits, temperature, uniform, self.isa_id(isa))
 
 
 class _IsaChoice:

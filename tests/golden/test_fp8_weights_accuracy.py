@@ -16,11 +16,15 @@ parts at token 1 on a near-tie of fp32's own (0.142 nats), "What is my name?" at
 fp32 leads by 1.20 nats, not a near-tie. On an AMD Zen 3 (AVX2, no AVX-512; 2026-12-02) the same
 test measured +8.60 % and 3 of 6: "Translate 'good morning'" also parts, at token 1, where fp32's
 own top two are 0.009 nats apart, and "What is my name?" at token 3 (fp32 top-2 margin 0.506).
-Which near-ties flip depends on the fp32 summation order of the machine's GEMMs (a value that
-lands beside a float8 rounding boundary goes either way), so the guard on the answers holds
-what no machine may break: no answer parts where fp32 is sure of its token (top-2 margin above
-1.25 nats), and at least 3 of 6 agree. The issue's two bars are kept as strict xfails (they fail
-loudly once they pass); the two guards hold the measured figures against regressions."""
+On an AMD Zen 5 (AVX-512; 2026-12-04) 2 of 6: the haiku at token 1 (0.128), "List three primes" at
+token 9 (0.284), "Translate" at token 6 (0.724), "What is my name?" at token 0 (0.130); the same
+machine with torch's kernels capped at AVX2 (ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2)
+gives the Zen 3's 3 of 6 and its partings exactly, so the count is the GEMMs' summation order.
+Which near-ties flip depends on that order (a value that lands beside a float8 rounding boundary
+goes either way), so the guard on the answers holds what no machine may break: no answer parts
+where fp32 is sure of its token (top-2 margin above 1.25 nats), and at least 2 of 6 agree. The
+issue's two bars are kept as strict xfails (they fail loudly once they pass); the two guards hold
+the measured figures against regressions."""
 
 from __future__ import annotations
 
@@ -49,7 +53,7 @@ def runs() -> dict[str, tuple[float, list]]:
 
 
 MEASURED_RATIO = 5.8433 / 5.4015  # fp8 over fp32 perplexity, 2026-12-01 (+8.60 % on Zen 3, 2026-12-02)
-MIN_AGREEING = 3  # of the 6 chat prompts, first 16 tokens equal: 4 on Sapphire Rapids, 3 on Zen 3
+MIN_AGREEING = 2  # of the 6 chat prompts, first 16 tokens equal: 4 on Sapphire Rapids, 3 on Zen 3, 2 on Zen 5
 SURE_MARGIN = 1.25  # nats between fp32's top two tokens: above it a parting is a regression
 
 

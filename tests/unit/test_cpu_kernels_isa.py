@@ -157,8 +157,39 @@ def _attention_cases(lib: cpp_ext.CpuKernels, isa: str, dtype: torch.dtype) -> N
     assert torch.equal(empty[0], torch.zeros_like(empty[0])), "no keys: a zero output, not NaN"
 
 
+def _sample_cases(lib: cpp_ext.CpuKernels, isa: str, dtype: torch.dtype) -> None:
+    """The inverse CDF of each row's uniform: the index the float64 softmax/cumsum/searchsorted
+    reference picks, except where the target lies within 1e-5 of a CDF step (summation order)."""
+    gen = torch.Generator().manual_seed(5)
+    for n in (1, 7, 255, 256, 257, 1000, 49157):
+        x = (torch.randn(12, n + 3, generator=gen) * 3).to(dtype)[:, 2 : n + 2]  # strided rows
+        x[0, max(1, n // 2) :] = float("-inf")  # a banned tail (logit controls, a grammar mask)
+        temperature = torch.rand(12, generator=gen) * 1.9 + 0.05
+        uniform = torch.rand(12, generator=gen)
+        uniform[1], uniform[2] = 0.0, 1.0 - 2**-24  # the first and the last mass
+        out = lib.sample(x, temperature, uniform, isa)
+        assert out.dtype == torch.int64 and out.shape == (12,)
+        cdf = torch.softmax(x.double() / temperature.double()[:, None], dim=-1).cumsum(-1)
+        target = uniform.double() * cdf[:, -1]
+        ref = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1).clamp(max=n - 1)
+        for r in (out != ref).nonzero().flatten().tolist():
+            gap = (cdf[r] - target[r]).abs().min().item()
+            assert gap < 1e-5, f"n={n} row {r}: token {out[r].item()}, reference {ref[r].item()} (gap {gap:.2e})"
+        assert torch.isfinite(x[torch.arange(12), out]).all(), "a banned (-inf) token was drawn"
+    # No distribution: NaN or all -inf rows take the first largest logit (NaN ignored), or 0.
+    bad = torch.zeros(3, 40, dtype=dtype)
+    bad[0, 5], bad[0, 9] = float("nan"), 4.0
+    bad[1] = float("-inf")
+    bad[2, 17] = float("inf")
+    out = lib.sample(bad, torch.ones(3), torch.full((3,), 0.5), isa)
+    assert out.tolist() == [9, 0, 17]
+    for temperature, uniform in ((torch.zeros(1), torch.zeros(1)), (torch.ones(1), torch.ones(1))):
+        with pytest.raises(RuntimeError, match="sample: (temperatures|uniforms)"):
+            lib.sample(torch.zeros(1, 8, dtype=dtype), temperature, uniform, isa)
+
+
 CASES = {"norm": _norm_cases, "rotary": _rotary_cases, "silu": _silu_cases, "linear": _linear_cases,
-         "attention": _attention_cases}  # fmt: skip
+         "attention": _attention_cases, "sample": _sample_cases}  # fmt: skip
 
 
 @pytest.mark.parametrize("op", list(CASES))

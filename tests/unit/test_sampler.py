@@ -1,4 +1,7 @@
-"""Sampler: greedy, temperature, top-k / top-p / min-p sets, frequencies, seeded batch invariance."""
+"""Sampler: greedy, temperature, top-k / top-p / min-p sets, frequencies, seeded batch invariance.
+
+Every test runs twice: on the torch path, and with the C++ CPU kernels (`cpu_kernels=`), which
+take the plain temperature rows (kernels/csrc/cpu_sample.h) and leave filters and seeds to torch."""
 
 from __future__ import annotations
 
@@ -8,9 +11,18 @@ import pytest
 import torch
 
 from minisgl.core import SamplingParams
-from minisgl.engine.sampler import Sampler, SamplingBatch, hashed_uniform
+from minisgl.engine.sampler import LogitsControls, Sampler, SamplingBatch, hashed_uniform
+from minisgl.kernels import cpp_ext
+from tests.cpu_build import build
 
 CPU = torch.device("cpu")
+_SAMPLER: list[Sampler] = [Sampler()]  # the sampler `sample` uses, set per test by `sampler_kind`
+
+
+@pytest.fixture(autouse=True, params=["torch", "cpu_kernel"])
+def sampler_kind(request: pytest.FixtureRequest) -> str:
+    _SAMPLER[0] = Sampler(cpu_kernels=build(cpp_ext.load_library) if request.param == "cpu_kernel" else None)
+    return str(request.param)
 # A small vocabulary with known probabilities, deliberately not sorted by token id.
 PROBS = torch.tensor([0.10, 0.40, 0.04, 0.15, 0.25, 0.06])
 ORDER = [1, 4, 3, 0, 5, 2]  # token ids from most to least likely
@@ -19,7 +31,7 @@ ORDER = [1, 4, 3, 0, 5, 2]  # token ids from most to least likely
 def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int] | None = None) -> list[int]:
     steps = steps if steps is not None else [0] * len(params)
     batch = SamplingBatch.build(params, steps, logits.shape[-1], CPU)
-    return Sampler().sample(logits, batch).tolist()
+    return _SAMPLER[0].sample(logits, batch).tolist()
 
 
 def draw(params: SamplingParams, n: int, *, seeded: bool) -> list[int]:
@@ -102,6 +114,43 @@ def test_filters_sample_only_allowed_tokens_at_the_right_rates(
 def test_temperature_reshapes_the_distribution(temperature: float) -> None:
     tokens = draw(SamplingParams(temperature=temperature), 4000, seeded=True)
     assert chi_square(tokens, renormalised(ORDER, PROBS ** (1 / temperature))) < 25
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_unseeded_temperature_rows_draw_at_the_right_rates(temperature: float, dtype: torch.dtype) -> None:
+    """The plain rows (the C++ kernel's, on that path), with greedy rows and a logit bias mixed in."""
+    n = 4000
+    params = [SamplingParams(temperature=temperature)] * n
+    params[::10] = [SamplingParams(temperature=0)] * len(params[::10])
+    params[5::10] = [SamplingParams(temperature=temperature, logit_bias={ORDER[0]: -100.0})] * len(params[5::10])
+    logits = PROBS.log().expand(n, -1).contiguous().to(dtype)
+    weights = logits[0].float().exp()  # bf16 rounds the log-probabilities: the rates follow the rounded ones
+    batch = SamplingBatch.build(params, [0] * n, 6, CPU)
+    batch.controls = LogitsControls.build(params, [0] * n, [], CPU)
+    torch.manual_seed(77)
+    tokens = _SAMPLER[0].sample(logits, batch).tolist()
+    assert set(tokens[::10]) == {ORDER[0]}, "greedy rows take the argmax"
+    assert ORDER[0] not in tokens[5::10], "the bias of -100 removes the top token"
+    plain = [t for i, t in enumerate(tokens) if i % 10 not in (0, 5)]
+    assert chi_square(plain, renormalised(ORDER, weights ** (1 / temperature))) < 25
+    biased = tokens[5::10]
+    assert chi_square(biased, renormalised(ORDER[1:], weights ** (1 / temperature))) < 25
+
+
+def test_cpu_kernel_takes_the_plain_rows(sampler_kind: str) -> None:
+    """On the kernel path, a plain batch is the kernel's draw at the torch generator's uniforms."""
+    if sampler_kind != "cpu_kernel":
+        pytest.skip("the C++ kernel path only")
+    lib = _SAMPLER[0].cpu_kernels
+    assert lib is not None
+    logits = torch.randn(9, 1000, generator=torch.Generator().manual_seed(4)) * 2
+    temperature = torch.linspace(0.3, 1.5, 9)
+    params = [SamplingParams(temperature=float(t)) for t in temperature]
+    torch.manual_seed(21)
+    got = sample(logits, params)
+    torch.manual_seed(21)
+    assert got == lib.sample(logits, temperature, torch.rand(9)).tolist()
 
 
 def test_temperature_applies_before_the_filters() -> None:
@@ -236,3 +285,25 @@ def test_greedy_takes_the_first_of_tied_maxima() -> None:
         logits[1, [999]] = 1.0
         logits[2, [0, 1, 2]] = 2.0
         assert _greedy(logits).tolist() == [5, 999, 0] == logits.argmax(dim=-1).tolist()
+
+
+def test_portable_path_keeps_the_torch_sampler(sampler_kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the portable path (a CPU without AVX2) plain rows stay on torch, which is faster there."""
+    if sampler_kind != "cpu_kernel":
+        pytest.skip("the C++ kernel path only")
+    lib = _SAMPLER[0].cpu_kernels
+    assert lib is not None
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the C++ sampler ran on the portable path")
+
+    monkeypatch.setattr(lib, "sample", refuse)
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(8))
+    try:
+        cpp_ext.set_isa("portable")
+        tokens = sample(logits, [SamplingParams(temperature=0.8)] * 4)
+    finally:
+        cpp_ext.set_isa("auto")
+    assert len(tokens) == 4 and all(0 <= t < 300 for t in tokens)
+    with pytest.raises(AssertionError, match="portable path"):
+        sample(logits, [SamplingParams(temperature=0.8)] * 4)  # a vector path takes the kernel again

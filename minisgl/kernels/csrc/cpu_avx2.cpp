@@ -86,6 +86,7 @@ struct VX {
   static inline V::F max(V::F a, V::F b) { return _mm256_max_ps(a, b); }
 };
 #include "cpu_extend.h"
+#include "cpu_sample.h"
 
 }  // namespace avx2
 }  // namespace minisgl_cpu

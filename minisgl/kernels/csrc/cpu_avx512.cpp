@@ -29,6 +29,7 @@ struct VX {
   static inline V::F max(V::F a, V::F b) { return _mm512_max_ps(a, b); }
 };
 #include "cpu_extend.h"
+#include "cpu_sample.h"
 
 }  // namespace avx512
 }  // namespace minisgl_cpu

@@ -32,6 +32,7 @@ int minisgl_cpu_extend_attention(int, int, int, const void*, int64_t, int64_t, i
                                  int64_t, int64_t, const int32_t*, int64_t, int64_t, int64_t, const int64_t*,
                                  const int32_t*, const int32_t*, int64_t, int64_t, int64_t, int64_t, double, void*,
                                  int64_t, int64_t, int);
+int minisgl_cpu_sample(int, int, const void*, int64_t, int64_t, int64_t, const float*, const float*, int64_t*, int);
 }
 
 using at::Tensor;
@@ -247,6 +248,28 @@ Tensor extend_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   return out;
 }
 
+// logits [R, N] (fp32 or bf16, unit stride on N), temperature and uniform [R] fp32 -> tokens [R]
+// int64: row r drawn from softmax(logits[r] / temperature[r]) by the inverse CDF at uniform[r].
+Tensor sample(const Tensor& logits, const Tensor& temperature, const Tensor& uniform, int isa) {
+  const int dt = dtype_of(logits, "sample logits");
+  TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1 && logits.size(1) > 0, "sample: logits [R, N], unit stride");
+  const int64_t R = logits.size(0);
+  for (const Tensor* t : {&temperature, &uniform})
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == R,
+                "sample: temperature and uniform: fp32 [R] CPU tensors");
+  const float* temp = temperature.data_ptr<float>();
+  const float* u = uniform.data_ptr<float>();
+  for (int64_t r = 0; r < R; ++r) {
+    TORCH_CHECK(temp[r] > 0.f, "sample: temperatures must be > 0 (greedy rows are not sampled here)");
+    TORCH_CHECK(u[r] >= 0.f && u[r] < 1.f, "sample: uniforms must lie in [0, 1)");
+  }
+  Tensor out = at::empty({R}, logits.options().dtype(at::kLong));
+  check_status(minisgl_cpu_sample(isa, dt, logits.data_ptr(), logits.stride(0), R, logits.size(1), temp, u,
+                                  out.data_ptr<int64_t>(), at::get_num_threads()),
+               "sample");
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -260,4 +283,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear);
   m.def("decode_attention", &decode_attention);
   m.def("extend_attention", &extend_attention);
+  m.def("sample", &sample);
 }

@@ -13,6 +13,7 @@
 
 MINISGL_CPU_DECLARE(portable)
 MINISGL_CPU_DECLARE_EXTEND(portable)
+MINISGL_CPU_DECLARE_SAMPLE(portable)
 #if !defined(CPU_PORTABLE_ONLY) && defined(__x86_64__)
 #define MINISGL_CPU_HAVE_X86 1
 MINISGL_CPU_DECLARE(avx2)
@@ -21,6 +22,9 @@ MINISGL_CPU_DECLARE(avx512bf16)
 MINISGL_CPU_DECLARE_EXTEND(avx2)
 MINISGL_CPU_DECLARE_EXTEND(avx512)
 MINISGL_CPU_DECLARE_EXTEND(avx512bf16)
+MINISGL_CPU_DECLARE_SAMPLE(avx2)
+MINISGL_CPU_DECLARE_SAMPLE(avx512)
+MINISGL_CPU_DECLARE_SAMPLE(avx512bf16)
 namespace minisgl_cpu {
 namespace avx512bf16 {
 void linear_rows_dot(const LinearArgs& a, int64_t n0, int64_t n1);
@@ -257,6 +261,26 @@ int minisgl_cpu_extend_attention(int isa, int qdt, int kvdt, const void* q, int6
       return;
     }
     for (int64_t task = t0; task < t1; ++task) MINISGL_CPU_CALL(isa, extend_task, qdt, kvdt, a, task, buf);
+  });
+  return status.load();
+}
+
+// Temperature sampling (cpu_sample.h), one row per task; temperatures must be > 0 and uniforms
+// in [0, 1) (the binding checks).
+int minisgl_cpu_sample(int isa, int dt, const void* logits, int64_t ls, int64_t R, int64_t N,
+                       const float* temperature, const float* uniform, int64_t* out, int nthreads) {
+  if (!usable(isa)) return BAD_ISA;
+  if (dt != DT_F32 && dt != DT_BF16) return BAD_DTYPE;
+  const SampleArgs a{logits, ls, N, temperature, uniform, out};
+  const int64_t scratch = N / SAMPLE_BLOCK + 1;
+  std::atomic<int> status{OK};
+  parallel(R, 1, nthreads, [&](int64_t r0, int64_t r1) {
+    float* buf = thread_scratch(scratch);
+    if (buf == nullptr) {
+      status.fetch_or(NO_MEMORY);
+      return;
+    }
+    for (int64_t r = r0; r < r1; ++r) MINISGL_CPU_CALL(isa, sample_row, dt, a, r, buf);
   });
   return status.load();
 }

@@ -114,6 +114,20 @@ struct ExtendArgs {
   int64_t o_st, o_sh;
 };
 
+// Temperature sampling (cpu_sample.h): row r of logits [R, N] (fp32 or bf16, row stride ls) draws
+// token i with probability exp(x_i / t_r) / sum_j exp(x_j / t_r), by the inverse CDF of one uniform
+// u_r in [0, 1): the first i whose running sum exceeds u_r times the total. The exponentials are
+// summed per block of SAMPLE_BLOCK entries (into the row's scratch, N / SAMPLE_BLOCK + 1 floats), so
+// the search walks block sums and recomputes one block only.
+constexpr int64_t SAMPLE_BLOCK = 256;
+struct SampleArgs {
+  const void* logits;
+  int64_t ls, N;
+  const float* temperature;  // [R], > 0
+  const float* uniform;      // [R], in [0, 1)
+  int64_t* out;              // [R]
+};
+
 }  // namespace minisgl_cpu
 
 // The entry points each ISA namespace defines (cpu_kernels_impl.h writes them once).
@@ -125,6 +139,14 @@ struct ExtendArgs {
   void silu_tasks(int dt, const SiluArgs& a, int64_t t0, int64_t t1);                              \
   void linear_rows(int dt, const LinearArgs& a, int64_t n0, int64_t n1);                           \
   void attention_task(int dt, int kv_dt, const AttnArgs& a, int64_t task, float* scratch);        \
+  }                                                                                                \
+  }
+
+// The sampler's entry point in each ISA namespace (cpu_sample.h).
+#define MINISGL_CPU_DECLARE_SAMPLE(NS)                                                             \
+  namespace minisgl_cpu {                                                                          \
+  namespace NS {                                                                                   \
+  void sample_row(int dt, const SampleArgs& a, int64_t row, float* scratch);                       \
   }                                                                                                \
   }
 

@@ -75,6 +75,7 @@ struct VX {
   }
 };
 #include "cpu_extend.h"
+#include "cpu_sample.h"
 
 }  // namespace portable
 }  // namespace minisgl_cpu
