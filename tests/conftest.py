@@ -46,11 +46,12 @@ def native_cpu_dtype(monkeypatch: pytest.MonkeyPatch) -> torch.dtype:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The plain default server (embedded model, `python -m minisgl --device cpu`), one per session:
+    """The plain default server (embedded model, `python -m minisgl --device cpu`: its GGUF blocks
+    kept quantized, tests/e2e/service.py DEFAULT_ARGS), one per session:
     tests/conformance and every tests/e2e module that only sends requests share it (a start costs
     tens of seconds on 2 cores). Tests that kill, stop or reconfigure a server start their own."""
-    from tests.e2e.service import start_server
+    from tests.e2e.service import DEFAULT_ARGS, start_server
 
-    srv = start_server(tmp_path_factory, "server")
+    srv = start_server(tmp_path_factory, "server", base=DEFAULT_ARGS)
     yield srv
     srv.stop()

@@ -1,6 +1,7 @@
 """End-to-end fixtures. Starting a server costs seconds on 2 cores, so the servers that only answer
 requests are shared: the plain default one (tests/conftest.py: `server`, session scope, which
-tests/conformance uses too), the keyed one and the small-context one below. Tests that kill,
+tests/conformance uses too), the keyed one and the small-context one below, all in the default
+mode (`python -m minisgl --device cpu`: GGUF blocks kept quantized). Tests that kill,
 stop or reconfigure a server start their own."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.service import KEYED_ARGS, SMALL_CONTEXT_ARGS, Server, start_server
+from tests.e2e.service import DEFAULT_ARGS, KEYED_ARGS, SMALL_CONTEXT_ARGS, Server, start_server
 
 # Shared servers by fixture name. Their modules run back to back (pytest_collection_modifyitems) and
 # each server stops after the last test that uses it (pytest_runtest_teardown), so no more servers
@@ -22,7 +23,7 @@ _last_user: dict[str, str] = {}
 
 def _shared_server(name: str, tmp_path_factory: pytest.TempPathFactory) -> Server:
     if name not in _shared:
-        _shared[name] = start_server(tmp_path_factory, name, *_SHARED_ARGS[name])
+        _shared[name] = start_server(tmp_path_factory, name, *_SHARED_ARGS[name], base=DEFAULT_ARGS)
     return _shared[name]
 
 
@@ -96,8 +97,17 @@ def client(server: Server) -> Any:
 
 @pytest.fixture(scope="session")
 def offline() -> Any:
-    """The offline engine on the same weights: the reference for greedy outputs (the servers run
-    `--dtype float32`: the dequantized fp32 model, tests/e2e/service.py)."""
+    """The offline engine on the same weights as the servers a test starts itself (`--dtype
+    float32`: the dequantized fp32 model, tests/e2e/service.py CPU_ARGS): their greedy reference."""
     from minisgl import LLM
 
     return LLM(device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def served_offline() -> Any:
+    """The offline engine in the shared servers' mode (the default: GGUF blocks kept quantized,
+    tests/e2e/service.py DEFAULT_ARGS): their greedy reference."""
+    from minisgl import LLM
+
+    return LLM(device="cpu")

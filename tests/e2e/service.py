@@ -21,6 +21,12 @@ REPO = Path(__file__).resolve().parents[2]
 # The suite's exactness checks are stated for fp32 (tests/conftest.py pins the in-process engines);
 # a test's own --dtype, later on the command line, wins.
 CPU_ARGS = ("--device", "cpu", "--dtype", "float32")
+# What `python -m minisgl --device cpu` serves: the embedded GGUF with its blocks kept quantized,
+# fp32 activations on the C++ kernels (~6x the fp32 exact mode's decode speed on 2 cores: 7.5
+# against 44 ms a token on a Zen 5). The shared servers that answer the API tests run it
+# (tests/conftest.py `server`, tests/e2e/conftest.py), compared with the offline engine in the same
+# mode (`served_offline`); the golden tests hold it to the fp32 model (test_embedded_quantized.py).
+DEFAULT_ARGS = ("--device", "cpu")
 # The keyed server (tests/e2e/conftest.py: keyed_server), shared by the modules that test access,
 # CORS, the Anthropic and Responses APIs and the chat page: one key, one allowed origin, a store of
 # 3 responses (what test_responses_api.py's LRU check counts on).
@@ -40,11 +46,11 @@ def free_port() -> int:
 class Server:
     """A launcher subprocess in its own session, its log in a file."""
 
-    def __init__(self, log_path: Path, *extra: str) -> None:
+    def __init__(self, log_path: Path, *extra: str, base: tuple[str, ...] = CPU_ARGS) -> None:
         self.port = free_port()
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        cmd = [sys.executable, "-m", "minisgl", *CPU_ARGS, "--port", str(self.port), *extra]
+        cmd = [sys.executable, "-m", "minisgl", *base, "--port", str(self.port), *extra]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO,
                                      start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -139,8 +145,9 @@ def wait_idle(port: int, timeout: float = 30) -> dict[str, Any]:
     raise AssertionError(f"server not idle with all pages back: {stats}")
 
 
-def start_server(tmp_path_factory: pytest.TempPathFactory, name: str, *extra: str) -> Server:
-    server = Server(tmp_path_factory.mktemp(name) / "server.log", *extra)
+def start_server(tmp_path_factory: pytest.TempPathFactory, name: str, *extra: str,
+                 base: tuple[str, ...] = CPU_ARGS) -> Server:  # fmt: skip
+    server = Server(tmp_path_factory.mktemp(name) / "server.log", *extra, base=base)
     try:
         server.wait_ready()
     except Exception:

@@ -160,7 +160,13 @@ def test_chat_logprobs_shape_and_values(client):
     stream = client.chat.completions.create(model="m", messages=CHAT, max_tokens=6, temperature=0, logprobs=True,
                                             top_logprobs=3, stream=True)  # fmt: skip
     streamed = [e for chunk in stream for c in chunk.choices if c.logprobs for e in c.logprobs.content]
-    assert [(e.token, round(e.logprob, 4)) for e in streamed] == [(e.token, round(e.logprob, 4)) for e in content]
+    assert [e.token for e in streamed] == [e.token for e in content]
+    # Values to 2e-3, not bit for bit: the second request finds the prompt in the prefix cache and
+    # computes its last token alone (the quantized GEMV's summation order, not the prefill GEMM's),
+    # and the default server's K/V pages are fp16, so its keys can round the other way (measured:
+    # 6e-4 at one token). A wrong entry (another position or token) is off by far more.
+    for mine, ref in zip(streamed, content):
+        assert math.isclose(mine.logprob, ref.logprob, abs_tol=2e-3), (mine.token, mine.logprob, ref.logprob)
 
 
 def test_chat_logprobs_zero_top(client):

@@ -21,8 +21,8 @@ def _ranked(entry: dict[int, Any]) -> list[tuple[int, float]]:
     return [(t, lp.logprob) for t, lp in sorted(entry.items(), key=lambda kv: kv[1].rank or 0) if lp.rank is not None]
 
 
-def test_vllm_style_offline_script(offline):
-    llm = offline
+def test_vllm_style_offline_script(served_offline):
+    llm = served_offline
     prompts = ["One, two, three,", "The capital of France is"]
     outputs = llm.generate(prompts, SamplingParams(n=2, temperature=0, max_tokens=16, stop=[","], logprobs=2),
                            use_tqdm=False)  # fmt: skip
@@ -50,35 +50,35 @@ def test_vllm_style_offline_script(offline):
     assert [c.text for c in again[0].outputs] == [c.text for c in again[1].outputs]
 
 
-def test_offline_errors_are_the_servers(server, offline):
+def test_offline_errors_are_the_servers(server, served_offline):
     with pytest.raises(SamplingError) as info:
         SamplingParams(top_p=0)
     assert info.value.param == "top_p"
     with pytest.raises(ValueError) as offline_err:
-        offline.generate([[1, 2], [5, 10**6]], SamplingParams(max_tokens=2), use_tqdm=False)
+        served_offline.generate([[1, 2], [5, 10**6]], SamplingParams(max_tokens=2), use_tqdm=False)
     status, body = post_json(server.port, "/v1/completions", {"prompt": [5, 10**6], "max_tokens": 2})
     assert status == 400 and body["error"]["message"] == str(offline_err.value)
-    assert not offline.scheduler.has_work() and not offline.scheduler.reqs  # the first was aborted
+    assert not served_offline.scheduler.has_work() and not served_offline.scheduler.reqs  # the first was aborted
     with pytest.raises(ValueError, match="maximum context length"):
-        offline.generate([[5] * (offline.scheduler.context_len + 1)], use_tqdm=False)
+        served_offline.generate([[5] * (served_offline.scheduler.context_len + 1)], use_tqdm=False)
     with pytest.raises(TypeError, match="valid: model, .*page_size"):
-        type(offline)(device="cpu", not_a_setting=1)
+        type(served_offline)(device="cpu", not_a_setting=1)
 
 
-def test_offline_and_server_same_greedy_chat_with_stop_n_and_logprobs(server, offline):
-    plain = offline.chat(CHAT, SamplingParams(temperature=0, max_tokens=MAX), use_tqdm=False)[0].outputs[0]
+def test_offline_and_server_same_greedy_chat_with_stop_n_and_logprobs(server, served_offline):
+    plain = served_offline.chat(CHAT, SamplingParams(temperature=0, max_tokens=MAX), use_tqdm=False)[0].outputs[0]
     words = plain.text.split()
     assert len(words) >= 3, plain.text
     stop = words[2]
     params = SamplingParams(n=2, temperature=0, max_tokens=MAX, stop=[stop], logprobs=2)
-    mine = offline.chat(CHAT, params, use_tqdm=False)[0]
+    mine = served_offline.chat(CHAT, params, use_tqdm=False)[0]
     status, body = post_json(server.port, "/v1/chat/completions", {
         "model": "m", "messages": CHAT, "max_tokens": MAX, "temperature": 0, "n": 2, "stop": [stop],
         "logprobs": True, "top_logprobs": 2})  # fmt: skip
     assert status == 200, body
     choices = body["choices"]
     assert len(mine.outputs) == len(choices) == 2
-    assert mine.prompt_token_ids == offline.apply_chat_template(CHAT)
+    assert mine.prompt_token_ids == served_offline.apply_chat_template(CHAT)
     assert body["usage"]["prompt_tokens"] == len(mine.prompt_token_ids)
     assert body["usage"]["completion_tokens"] == sum(len(c.token_ids) for c in mine.outputs)
     for out, choice in zip(mine.outputs, choices):

@@ -20,8 +20,8 @@ def greedy(max_tokens: int = N, **kw: Any) -> SamplingParams:
 
 
 @pytest.fixture(scope="module")
-def chat_ref(offline: Any) -> dict[str, Any]:
-    return offline.chat(CHAT, greedy(), use_tqdm=False)[0]
+def chat_ref(served_offline: Any) -> dict[str, Any]:
+    return served_offline.chat(CHAT, greedy(), use_tqdm=False)[0]
 
 
 def test_models_and_health(server, client):
@@ -82,31 +82,31 @@ def test_second_identical_request_hits_prefix_cache(client):
     assert r.usage.prompt_tokens_details.cached_tokens >= 16
 
 
-def test_completion_string(client, offline):
-    ref = offline.generate("The capital of France is", greedy(8), use_tqdm=False)[0]
+def test_completion_string(client, served_offline):
+    ref = served_offline.generate("The capital of France is", greedy(8), use_tqdm=False)[0]
     r = client.completions.create(model="m", prompt="The capital of France is", max_tokens=8, temperature=0)
     assert r.object == "text_completion" and r.id.startswith("cmpl-")
     assert r.choices[0].text == ref.outputs[0].text
     assert r.usage.prompt_tokens == len(ref.prompt_token_ids) and r.usage.completion_tokens == len(ref.outputs[0].token_ids)
 
 
-def test_completion_batch_and_token_ids(client, offline):
+def test_completion_batch_and_token_ids(client, served_offline):
     prompts = ["One, two, three,", "The sky is", "def add(a, b):"]
-    refs = offline.generate(prompts, greedy(6), use_tqdm=False)
+    refs = served_offline.generate(prompts, greedy(6), use_tqdm=False)
     r = client.completions.create(model="m", prompt=prompts, max_tokens=6, temperature=0)
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert [c.text for c in r.choices] == [x.outputs[0].text for x in refs]
     assert r.usage.prompt_tokens == sum(len(x.prompt_token_ids) for x in refs)
     assert r.usage.completion_tokens == sum(len(x.outputs[0].token_ids) for x in refs)
-    ids = [offline.encode(p) for p in prompts[:2]]
+    ids = [served_offline.encode(p) for p in prompts[:2]]
     one = client.completions.create(model="m", prompt=ids[0], max_tokens=6, temperature=0)
     assert one.choices[0].text == refs[0].outputs[0].text
     two = client.completions.create(model="m", prompt=ids, max_tokens=6, temperature=0)
     assert [c.text for c in two.choices] == [x.outputs[0].text for x in refs[:2]]
 
 
-def test_completion_stream(server, offline):
-    ref = offline.generate("Once upon a time", greedy(8), use_tqdm=False)[0]
+def test_completion_stream(server, served_offline):
+    ref = served_offline.generate("Once upon a time", greedy(8), use_tqdm=False)[0]
     lines = sse_lines(server.port, "/v1/completions",
                       {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "stream": True})  # fmt: skip
     assert lines[-1] == "data: [DONE]"
@@ -139,8 +139,8 @@ def test_n_choices_and_sampling_fields(client):
     assert 2 <= r.usage.completion_tokens <= 8
 
 
-def test_native_generate(server, offline):
-    ref = offline.generate("Hello, my name is", greedy(5), use_tqdm=False)[0]
+def test_native_generate(server, served_offline):
+    ref = served_offline.generate("Hello, my name is", greedy(5), use_tqdm=False)[0]
     status, body = post_json(server.port, "/generate",
                              {"text": "Hello, my name is", "sampling_params": {"max_new_tokens": 5, "temperature": 0}})
     assert status == 200, body
@@ -148,10 +148,10 @@ def test_native_generate(server, offline):
     assert body["meta_info"]["finish_reason"] in ("stop", "length")
 
 
-def test_32_concurrent_requests_each_get_their_own_answer(server, client, offline):
+def test_32_concurrent_requests_each_get_their_own_answer(server, client, served_offline):
     prompts = [f"Write the number {i} in words, then say one fact about it." for i in range(32)]
     convs = [[{"role": "user", "content": p}] for p in prompts]
-    refs = offline.chat(convs, greedy(8), use_tqdm=False)
+    refs = served_offline.chat(convs, greedy(8), use_tqdm=False)
 
     def ask(conv: list[dict[str, str]]) -> str:
         r = client.chat.completions.create(model="m", messages=conv, max_tokens=8, temperature=0)
