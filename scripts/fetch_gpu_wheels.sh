@@ -9,7 +9,11 @@ PKGS=(pyzmq fastapi starlette pydantic pydantic-core typing-inspection annotated
       opentelemetry-api importlib-metadata zipp click msgpack annotated-doc typing-extensions
       # The GPU parity tests' reference: this machine's transformers, not the image's older one
       # (5.17 there hard-codes GPT-OSS's SwiGLU clamp and mis-feeds Phi-3's LongRoPE recompute).
-      "transformers==$(python3 -c 'import transformers; print(transformers.__version__)')")
+      "transformers==$(python3 -c 'import transformers; print(transformers.__version__)')"
+      # ... with the huggingface_hub it asks for (5.25 needs >= 2.4; the image has 1.33). Not its
+      # hf-xet (3.5 MB, only for downloads from the hub, which the device cannot reach): the
+      # device call carries at most 64 MiB, the peer bundle included.
+      "huggingface_hub==$(python3 -c 'import huggingface_hub; print(huggingface_hub.__version__)')")
 for pkg in "${PKGS[@]}"; do
     name=${pkg%%==*} version=""
     [[ "$pkg" == *==* ]] && version=${pkg#*==}
