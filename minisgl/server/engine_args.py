@@ -85,7 +85,7 @@ class EngineArgGroups(NamedTuple):
 
 def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -> EngineArgGroups:
     """Add the engine and scheduler flags to `parser`. `offline`: --max-prefill-tokens defaults
-    to the platform's offline budget (16384 on GPUs of >= 70 GiB) instead of the server's 8192."""
+    to the platform's offline budget (16384 on GPUs of >= 70 GiB, 2048 on CPU) instead of the server's 8192."""
     defaults, sched = EngineConfig(), SchedulerConfig()
     m = parser.add_argument_group("model")
     m.add_argument("--model", default=None, help="a Hugging Face model directory, a .gguf file or a hub id "
@@ -144,7 +144,7 @@ def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -
     k.add_argument("--max-running-requests", type=positive_int, default=sched.max_running_requests,
                    help="requests decoded together")  # fmt: skip
     prefill_help = ("prefill tokens per step (default: the platform's offline budget, 16384 on GPUs of >= 70 GiB, "
-                    "else 8192)" if offline else f"token budget of one step (default: {SERVER_PREFILL_TOKENS})")
+                    "2048 on CPU, else 8192)" if offline else f"token budget of one step (default: {SERVER_PREFILL_TOKENS})")
     k.add_argument("--max-prefill-tokens", type=positive_int, default=None if offline else SERVER_PREFILL_TOKENS,
                    help=prefill_help)  # fmt: skip
     k.add_argument("--cache", default=sched.cache, choices=["radix", "naive"], help="prefix cache (default: radix)")
