@@ -17,7 +17,19 @@ from minisgl.engine.config import DType, EngineConfig, EngineTask, KVCacheDType,
 from minisgl.platform.kernel_config import CpuIsa, KernelConfig
 from minisgl.scheduler.config import SchedulerConfig, SpeculativeAlgorithm
 
-SERVER_PREFILL_TOKENS = 8192  # the server's --max-prefill-tokens default (latency)
+SERVER_PREFILL_TOKENS = 8192  # the server's --max-prefill-tokens default on a GPU (latency)
+# ... and on CPU: W2 through the server at the same throughput as 8192, TTFT p50 -20 %, and
+# offline 1.1x (docs/performance.md "Prefill chunk size on CPU").
+CPU_SERVER_PREFILL_TOKENS = 2048
+
+
+def server_prefill_tokens(device: str) -> int:
+    """The server's --max-prefill-tokens default for `device` ("auto": CUDA if there is one)."""
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return CPU_SERVER_PREFILL_TOKENS if device == "cpu" else SERVER_PREFILL_TOKENS
 
 
 def _number(kind: Callable[[str], Any], ok: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
@@ -85,7 +97,8 @@ class EngineArgGroups(NamedTuple):
 
 def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -> EngineArgGroups:
     """Add the engine and scheduler flags to `parser`. `offline`: --max-prefill-tokens defaults
-    to the platform's offline budget (16384 on GPUs of >= 70 GiB, 2048 on CPU) instead of the server's 8192."""
+    to the platform's offline budget (16384 on GPUs of >= 70 GiB, 2048 on CPU) instead of the
+    server's (8192 on a GPU, 2048 on CPU: `server_prefill_tokens`)."""
     defaults, sched = EngineConfig(), SchedulerConfig()
     m = parser.add_argument_group("model")
     m.add_argument("--model", default=None, help="a Hugging Face model directory, a .gguf file or a hub id "
@@ -144,9 +157,10 @@ def add_engine_args(parser: argparse.ArgumentParser, *, offline: bool = False) -
     k.add_argument("--max-running-requests", type=positive_int, default=sched.max_running_requests,
                    help="requests decoded together")  # fmt: skip
     prefill_help = ("prefill tokens per step (default: the platform's offline budget, 16384 on GPUs of >= 70 GiB, "
-                    "2048 on CPU, else 8192)" if offline else f"token budget of one step (default: {SERVER_PREFILL_TOKENS})")
-    k.add_argument("--max-prefill-tokens", type=positive_int, default=None if offline else SERVER_PREFILL_TOKENS,
-                   help=prefill_help)  # fmt: skip
+                    "2048 on CPU, else 8192)" if offline else
+                    f"token budget of one step (default: {SERVER_PREFILL_TOKENS}; {CPU_SERVER_PREFILL_TOKENS} on CPU)")
+    k.add_argument("--max-prefill-tokens", type=positive_int, default=None, help=prefill_help)
+    parser.set_defaults(prefill_default="offline" if offline else "server")  # what None means: scheduler_config
     k.add_argument("--cache", default=sched.cache, choices=["radix", "naive"], help="prefix cache (default: radix)")
     _add_speculative_args(parser, sched)
     s = parser.add_argument_group("behaviour switches", "for ablations and bisecting; the defaults are the "
@@ -240,8 +254,13 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
 
 
 def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
+    """The SchedulerConfig the flags say. An unset --max-prefill-tokens is the server's default for
+    the device on a server's parser, and None (the platform's offline budget) on an offline one."""
+    budget = args.max_prefill_tokens
+    if budget is None and getattr(args, "prefill_default", "server") == "server":
+        budget = server_prefill_tokens(args.device)
     return SchedulerConfig(
-        max_running_requests=args.max_running_requests, max_prefill_tokens=args.max_prefill_tokens,
+        max_running_requests=args.max_running_requests, max_prefill_tokens=budget,
         cache=args.cache, overlap=args.overlap, dedupe_prefill=args.dedupe_prefill,
         speculative_algorithm=args.speculative_algorithm, num_speculative_tokens=args.num_speculative_tokens,
         speculative_draft_model=args.speculative_draft_model, speculative_ngram_max=args.speculative_ngram_max,

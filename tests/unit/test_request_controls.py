@@ -156,10 +156,10 @@ def test_resolve_makes_the_automatic_choices_once() -> None:
 
 def test_cpu_offline_prefill_takes_2048_token_chunks() -> None:
     """The CPU platform's offline budget (measured 1.1x the throughput of 8192-token chunks on
-    W2's prompts); a budget the caller sets, and the server's default, stay as they are."""
+    W2's prompts); a budget the caller sets, and SchedulerConfig's own default, stay as they are."""
     from minisgl.platform.cpu import CpuPlatform
 
     cpu = CpuPlatform()
     assert resolve(SchedulerConfig(max_prefill_tokens=None), cpu).max_prefill_tokens == 2048
     assert resolve(SchedulerConfig(max_prefill_tokens=8192), cpu).max_prefill_tokens == 8192
-    assert resolve(SchedulerConfig(), cpu).max_prefill_tokens == 8192  # the server's default
+    assert resolve(SchedulerConfig(), cpu).max_prefill_tokens == 8192  # SchedulerConfig's own default

@@ -122,3 +122,15 @@ def test_multinode_settings_cover_every_field() -> None:
         other = launch_settings(args.parse_args([_flag(name) if default is False else "--no-" + _flag(name)[2:]]),
                                 ["llama", 1])  # fmt: skip
         assert [k for k in settings if settings[k] != other[k]] == [key], name
+
+
+def test_server_prefill_budget_follows_the_device() -> None:
+    """--max-prefill-tokens unset: 8192 on a GPU, 2048 on CPU (docs/performance.md); set, it wins;
+    an offline parser leaves it to the platform's offline budget (None)."""
+    from minisgl.bench import offline
+    from minisgl.server.engine_args import scheduler_config
+
+    assert args.parse_args(["--device", "cpu"]).sched.max_prefill_tokens == 2048
+    assert args.parse_args(["--device", "cuda"]).sched.max_prefill_tokens == 8192
+    assert args.parse_args(["--device", "cpu", "--max-prefill-tokens", "8192"]).sched.max_prefill_tokens == 8192
+    assert scheduler_config(offline.build_parser().parse_args(["--device", "cpu"])).max_prefill_tokens is None
