@@ -16,13 +16,19 @@ if TYPE_CHECKING:
 _CURRENT: BasePlatform | None = None
 
 
+def device_name(device: str) -> str:
+    """`device` with "auto" resolved: "cuda" where torch sees a GPU, else "cpu"."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def init_platform(device: str = "auto") -> BasePlatform:
     """Resolve the platform for `device` ("auto", "cpu", "cuda", "cuda:N") and make it current."""
     global _CURRENT
-    import torch
-
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = device_name(device)
     if device.startswith("cuda"):
         from minisgl.platform.cuda import CudaPlatform
 

@@ -25,11 +25,9 @@ CPU_SERVER_PREFILL_TOKENS = 2048
 
 def server_prefill_tokens(device: str) -> int:
     """The server's --max-prefill-tokens default for `device` ("auto": CUDA if there is one)."""
-    if device == "auto":
-        import torch
+    from minisgl.platform import device_name
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return CPU_SERVER_PREFILL_TOKENS if device == "cpu" else SERVER_PREFILL_TOKENS
+    return CPU_SERVER_PREFILL_TOKENS if device_name(device) == "cpu" else SERVER_PREFILL_TOKENS
 
 
 def _number(kind: Callable[[str], Any], ok: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
