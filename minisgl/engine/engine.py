@@ -85,7 +85,7 @@ class Engine:
                 if cpu_ops.enabled():
                     logger.info("%s CPU kernels ready in %.1f s", "fp32" if fp32_kernels else "bf16",
                                 time.perf_counter() - start)
-                    sample_kernels = cpu_ops.load() if self.device.type == "cpu" else None
+                    sample_kernels = cpu_ops.load()  # (cpu_kernels is resolved off away from the CPU)
         torch.manual_seed(config.seed)
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)

@@ -1,7 +1,7 @@
-// Temperature sampling of the float CPU kernels (kernels/cpu_ops.py `sample`; the torch reference
-// is engine/sampler.py's softmax, cumsum and searchsorted). Included by each ISA file inside its
-// namespace after cpu_kernels_impl.h (F, VL, ld1, exp1, the traits `V`) and the struct `VX`
-// (VX::max). As cpu_kernels_impl.h, nothing from the standard library is used here.
+// Temperature sampling of the float CPU kernels (kernels/cpp_ext.py `CpuKernels.sample`, called by
+// engine/sampler.py; its torch reference is the sampler's softmax, cumsum and searchsorted).
+// Included by each ISA file inside its namespace after cpu_kernels_impl.h (F, VL, ld1, exp1, the
+// traits `V`) and the struct `VX` (VX::max). As cpu_kernels_impl.h, nothing from the standard library is used here.
 //
 // One row, three reads of its logits instead of the reference's six full-size tensors: the max; the
 // exponentials exp((x - max) / t) summed per block of SAMPLE_BLOCK entries (vector sums, then
@@ -28,6 +28,18 @@ static int64_t sample_first_max(const T* x, int64_t n) {
   return best;
 }
 
+// A token's weight exp((x - m) / t), as a vector of VL tokens and one at a time (the tails). Both
+// passes below take their weights from here, so the block a walk picks holds the weights its sum
+// was made of.
+template <typename T>
+static inline F sample_weights(const T* x, F m, F inv_t) {
+  return V::exp(V::mul(V::sub(V::load(x), m), inv_t));
+}
+template <typename T>
+static inline float sample_weight(const T* x, float m, float inv_t) {
+  return exp1((ld1(x) - m) * inv_t);
+}
+
 template <typename T>
 static int64_t sample_row_t(const T* x, int64_t n, float inv_t, float u, float* sums) {
   if (n <= 0) return 0;
@@ -47,9 +59,9 @@ static int64_t sample_row_t(const T* x, int64_t n, float inv_t, float u, float* 
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t i1 = (b + 1) * SAMPLE_BLOCK < n ? (b + 1) * SAMPLE_BLOCK : n;
     F acc = V::zero();
-    for (i = b * SAMPLE_BLOCK; i + VL <= i1; i += VL) acc = V::add(acc, V::exp(V::mul(V::sub(V::load(x + i), mb), tv)));
+    for (i = b * SAMPLE_BLOCK; i + VL <= i1; i += VL) acc = V::add(acc, sample_weights(x + i, mb, tv));
     float s = V::hsum(acc);
-    for (; i < i1; ++i) s += exp1((ld1(x + i) - m) * inv_t);
+    for (; i < i1; ++i) s += sample_weight(x + i, m, inv_t);
     sums[b] = s;
     total += s;
   }
@@ -68,8 +80,8 @@ static int64_t sample_row_t(const T* x, int64_t n, float inv_t, float u, float* 
   for (;; --b, rest = __builtin_inff()) {
     const int64_t i0 = b * SAMPLE_BLOCK, i1 = i0 + SAMPLE_BLOCK < n ? i0 + SAMPLE_BLOCK : n;
     float e[SAMPLE_BLOCK];
-    for (i = i0; i + VL <= i1; i += VL) V::store(e + (i - i0), V::exp(V::mul(V::sub(V::load(x + i), mb), tv)));
-    for (; i < i1; ++i) e[i - i0] = exp1((ld1(x + i) - m) * inv_t);
+    for (i = i0; i + VL <= i1; i += VL) V::store(e + (i - i0), sample_weights(x + i, mb, tv));
+    for (; i < i1; ++i) e[i - i0] = sample_weight(x + i, m, inv_t);
     float run = 0.f;
     int64_t last = -1;
     for (i = i0; i < i1; ++i) {
