@@ -106,7 +106,9 @@ class CpuPlatform(BasePlatform):
         # 2048-token chunks: W2's 32 prompts offline (bench offline, 64-512 tokens, 128 out, the
         # embedded GGUF on a 2-core Zen 5) took 15.8 / 16.4 s against 18.0 / 18.1 s in 8192-token
         # chunks (prefill alone 8.8-9.3 s against 11.1-15.9; 1024 and 4096 within 2 % of 2048):
-        # a chunk's temporaries (the gate/up output alone is rows x 3072 fp32) stay small.
+        # a chunk's temporaries (the gate/up output alone is rows x 3072 fp32) stay small. The
+        # server's CPU default (server/engine_args.py CPU_SERVER_PREFILL_TOKENS) is the same figure,
+        # written there again because the flag parser stays torch-free.
         return 2048
 
     def set_device(self) -> None:
